@@ -1,0 +1,75 @@
+"""The narrow interfaces the engine knows. Backends live in draft/ and target/ and are chosen in
+`ondevice.pipeline` (one place).
+
+Data flows one way: tokens → Drafter.draft → DraftTree → Target.forward_tree → logits →
+verify → Target.commit(path) → tokens out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from ondevice.tree import DraftTree
+
+
+class Target(Protocol):
+    """The big model. Holds a KV cache of committed tokens; verifies a whole tree in one pass."""
+
+    n_vocab: int
+    n_ctx: int
+
+    @property
+    def n_cached(self) -> int:
+        """Number of committed tokens in the KV cache."""
+        ...
+
+    def truncate(self, n_tokens: int) -> None:
+        """Keep only the first n_tokens of the cache (e.g. a new chat turn that shares a prefix)."""
+        ...
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Append tokens to the cache (chunked as the backend likes); no logits are returned."""
+        ...
+
+    def forward_tree(self, tree: DraftTree) -> np.ndarray:
+        """One pass over all tree nodes at positions n_cached + depth, with the tree mask.
+
+        Returns (len(tree), n_vocab) float32 logits: row i is the target's prediction after node i.
+        The nodes sit provisionally in the cache until `commit`.
+        """
+        ...
+
+    def commit(self, path: Sequence[int]) -> None:
+        """Keep the cache entries of these tree nodes (a root-first path, path[0] == 0), drop the rest."""
+        ...
+
+
+BUILDERS = ("chain", "best-first", "multi-seq")
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """How to draft one round."""
+
+    builder: str = "chain"  # one of BUILDERS
+    budget: int = 8  # drafted nodes (root excluded)
+    temperature: float = 0.0  # > 0: record tempered draft probs q in tree.q (sampling verification)
+    sample_children: bool = False  # draw children without replacement from q (Sequoia's rule) instead of top-k
+    seed: int = 0
+
+
+class Drafter(Protocol):
+    """The small model on the CPU. Stateless to the caller: it syncs its own cache to `context`."""
+
+    n_vocab: int
+
+    def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
+        """Propose a tree rooted at context[-1] with at most `spec.budget` drafted nodes (root excluded).
+
+        `context` is every committed token so far; the drafter keeps what it already has cached
+        of it (longest common prefix) and rolls back the rest.
+        """
+        ...
