@@ -1,0 +1,30 @@
+"""The `ondevice` command: one Typer app; each command group lives in its own file."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from ondevice.errors import OndeviceError
+
+app = typer.Typer(
+    name="ondevice",
+    no_args_is_help=True,
+    add_completion=False,
+    help="Run large language models on your own hardware with exact speculative decoding.",
+)
+err_console = Console(stderr=True)
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line on stderr and exit code 1."""
+    try:
+        app()
+    except OndeviceError as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
