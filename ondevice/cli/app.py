@@ -13,6 +13,7 @@ app = typer.Typer(
     name="ondevice",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
     help="Run large language models on your own hardware with exact speculative decoding.",
 )
 err_console = Console(stderr=True)
