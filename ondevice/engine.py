@@ -1,0 +1,148 @@
+"""The decode loop: draft (CPU) → verify the tree in one target pass → commit → stream.
+
+`SpecEngine.generate` is a generator of `Step`s (the tokens each target pass produced) and ends
+with a `Stats` summary. Target-only decoding is the same loop with a root-only tree, so the
+speculative and plain paths share every line that decides what is emitted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from ondevice.errors import OndeviceError
+from ondevice.protocols import Drafter, DraftSpec, Target
+from ondevice.tree import DraftTree
+from ondevice.verify import Sampling, verify
+
+
+@dataclass
+class Step:
+    tokens: list[int]  # emitted by this target pass (accepted drafts + the target's own token)
+    from_draft: int  # how many of them were drafted tokens
+    drafted: int  # nodes in the tree (root excluded)
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0  # prompt tokens actually computed (the rest came from the cache)
+    tokens: int = 0
+    target_passes: int = 0
+    drafted_nodes: int = 0
+    accepted_drafts: int = 0
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+    finish_reason: str = ""
+    accepted_per_pass: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.total_seconds - self.prefill_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def overhead_seconds(self) -> float:
+        return self.decode_seconds - self.draft_seconds - self.verify_seconds
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class SpecEngine:
+    """Owns the target's committed context; keeps it across calls so a chat reuses its cache."""
+
+    def __init__(self, target: Target, drafter: Drafter | None, is_end: Callable[[int], bool]):
+        self.target = target
+        self.drafter = drafter
+        self.is_end = is_end
+        self.cached: list[int] = []  # the tokens whose KV the target holds, in order
+
+    def _sync_prompt(self, prompt: Sequence[int], stats: Stats) -> None:
+        """Make the target cache hold prompt[:-1] (prompt[-1] becomes the first tree's root)."""
+        if len(prompt) == 0:
+            raise OndeviceError("the prompt is empty.")
+        if len(prompt) >= self.target.n_ctx:
+            raise OndeviceError(
+                f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; shorten it or raise --ctx."
+            )
+        keep = min(common_prefix(self.cached, prompt), len(prompt) - 1)
+        self.target.truncate(keep)
+        t0 = time.perf_counter()
+        self.target.prefill(prompt[keep:-1])
+        stats.prefill_seconds = time.perf_counter() - t0
+        stats.prefilled_tokens = len(prompt) - 1 - keep
+        self.cached = list(prompt[:-1])
+
+    def _tree(self, context: list[int], spec: DraftSpec | None, stats: Stats) -> DraftTree:
+        if self.drafter is None or spec is None or spec.budget <= 0:
+            return DraftTree.root_only(context[-1])
+        t0 = time.perf_counter()
+        tree = self.drafter.draft(context, spec)
+        stats.draft_seconds += time.perf_counter() - t0
+        return tree
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: Sampling = Sampling(),
+        spec: DraftSpec | None = None,
+        rule: str = "specexec",
+    ) -> Iterator[Step | Stats]:
+        stats = Stats(prompt_tokens=len(prompt))
+        start = time.perf_counter()
+        self._sync_prompt(prompt, stats)
+        rng = np.random.default_rng(sampling.seed)
+        context = list(prompt)
+        room = self.target.n_ctx - len(prompt)
+        while True:
+            if stats.tokens >= max_tokens or room <= 0:
+                stats.finish_reason = "length"
+                break
+            budget_spec = spec
+            if spec is not None and spec.budget > 0:  # never draft past the context window
+                budget_spec = DraftSpec(**{**spec.__dict__, "budget": max(0, min(spec.budget, room - 1))})
+            tree = self._tree(context, budget_spec, stats)
+            t0 = time.perf_counter()
+            logits = self.target.forward_tree(tree)
+            verdict = verify(tree, logits, sampling, rng, rule)
+            self.target.commit(verdict.path)
+            stats.verify_seconds += time.perf_counter() - t0
+            self.cached.extend(int(tree.tokens[i]) for i in verdict.path)
+            stats.target_passes += 1
+            stats.drafted_nodes += len(tree) - 1
+            stats.accepted_drafts += len(verdict.path) - 1
+            stats.accepted_per_pass.append(len(verdict.path) - 1)
+
+            emitted = verdict.tokens[: max_tokens - stats.tokens]
+            end = next((i for i, t in enumerate(emitted) if self.is_end(t)), None)
+            if end is not None:
+                emitted = emitted[:end]
+            context.extend(emitted)
+            room -= len(emitted)
+            stats.tokens += len(emitted)
+            if emitted:
+                yield Step(emitted, min(len(emitted), len(verdict.path) - 1), len(tree) - 1)
+            if end is not None:
+                stats.finish_reason = "stop"
+                break
+        stats.total_seconds = time.perf_counter() - start
+        yield stats

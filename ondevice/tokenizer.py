@@ -1,0 +1,110 @@
+"""Text ↔ token ids and the chat template, read from a GGUF's own vocabulary (llama.cpp, vocab only).
+
+Loading vocab-only touches no weights, so it is fast and safe on any CPU.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import hashlib
+from pathlib import Path
+from typing import Iterable
+
+import jinja2.sandbox
+import llama_cpp
+
+from ondevice import llama_backend
+from ondevice.errors import OndeviceError
+
+
+class Tokenizer:
+    def __init__(self, gguf_path: str | Path):
+        self.path = Path(gguf_path)
+        self._model = llama_backend.load_model(self.path, vocab_only=True)
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
+        self.eos_id = llama_cpp.llama_vocab_eos(self._vocab)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        self.chat_template = template.decode("utf-8") if template else None
+
+    def __del__(self) -> None:
+        if getattr(self, "_model", None) is not None:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    # --- tokens -------------------------------------------------------------------------------
+    def encode(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def decode(self, tokens: Iterable[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_end(self, token: int) -> bool:
+        """End of generation (EOS, EOT, <|im_end|>, ...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def fingerprint(self) -> str:
+        """A hash of every token's bytes: equal fingerprints ⇔ the same vocabulary."""
+        h = hashlib.sha256(str(self.n_vocab).encode())
+        for t in range(self.n_vocab):
+            h.update(self.piece(t, special=True) + b"\0")
+        return h.hexdigest()
+
+    # --- chat ---------------------------------------------------------------------------------
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise OndeviceError(f"{self.path.name} has no chat template; use `ondevice generate` with a plain prompt.")
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message: str) -> None:
+            raise OndeviceError(f"chat template error: {message}")
+
+        template = env.from_string(self.chat_template)
+        return template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else "",
+            eos_token=self.piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else "",
+            raise_exception=raise_exception,
+        )
+
+
+class StreamDecoder:
+    """Turns a stream of token ids into text, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, tokens: Iterable[int]) -> str:
+        return "".join(self._utf8.decode(self._tokenizer.piece(t)) for t in tokens)
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+def check_same_vocab(target: Tokenizer, drafter: Tokenizer) -> None:
+    if target.n_vocab != drafter.n_vocab or target.fingerprint() != drafter.fingerprint():
+        raise OndeviceError(
+            f"the drafter {drafter.path.name} and the target {target.path.name} use different tokenizers "
+            f"({drafter.n_vocab} vs {target.n_vocab} ids); pick a drafter of the same model family."
+        )
