@@ -29,3 +29,8 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+
+from ondevice.cli import chat_cmd, run_cmd  # noqa: E402  (commands register after the app exists)
+
+app.command("chat")(chat_cmd.chat)
+app.command("generate")(run_cmd.generate)

@@ -1,0 +1,129 @@
+"""`ondevice chat`: an interactive terminal chat that streams tokens and keeps the conversation.
+
+Slash commands (ollama-style): /help, /set KEY VALUE, /show, /clear, /bye; wrap multi-line input
+in triple quotes (\"\"\").
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ondevice.cli import options as opt
+from ondevice.cli.run_cmd import _load, console, err, make_spec, stats_line
+from ondevice.errors import OndeviceError
+from ondevice.verify import Sampling
+
+HELP = """commands:
+  /set temperature X | top_p X | top_k N | seed N | max_tokens N | tree NAME | budget N | system TEXT
+  /show      model, backend and settings
+  /clear     forget the conversation
+  /bye       exit
+  \"\"\"       start/end multi-line input"""
+
+
+def read_message() -> str | None:
+    """One user message from stdin; None at end of input."""
+    try:
+        line = input(">>> ")
+    except EOFError:
+        return None
+    if not line.strip().startswith('"""'):
+        return line
+    lines = [line.strip()[3:]]
+    while not lines[-1].rstrip().endswith('"""'):
+        try:
+            lines.append(input("... "))
+        except EOFError:
+            break
+    lines[-1] = lines[-1].rstrip().removesuffix('"""')
+    return "\n".join(lines).strip()
+
+
+def apply_set(settings: dict, args: list[str]) -> None:
+    if len(args) < 2:
+        raise OndeviceError("usage: /set KEY VALUE (see /help).")
+    key, value = args[0].replace("-", "_"), " ".join(args[1:])
+    kinds = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "tree": str, "budget": int, "system": str}
+    if key not in kinds:
+        raise OndeviceError(f"unknown setting {key!r}; settable: {', '.join(kinds)}.")
+    try:
+        settings[key] = kinds[key](value)
+    except ValueError:
+        raise OndeviceError(f"{key} needs a {kinds[key].__name__}, got {value!r}.") from None
+
+
+def chat(
+    model: opt.Model = None,
+    max_tokens: opt.MaxTokens = 1024,
+    temperature: opt.Temperature = 0.0,
+    top_p: opt.TopP = 1.0,
+    top_k: opt.TopK = 0,
+    seed: opt.Seed = 0,
+    no_draft: opt.NoDraft = False,
+    tree: opt.Tree = "auto",
+    budget: opt.Budget = None,
+    target_backend: opt.TargetBackend = "auto",
+    vocab_trim: opt.VocabTrim = True,
+    threads: opt.Threads = None,
+    ctx: opt.Ctx = 4096,
+    gpu_memory: opt.GpuMemory = None,
+    ram_memory: opt.RamMemory = None,
+    system: str = typer.Option("", "--system", help="System prompt."),
+) -> None:
+    """Chat with the model in the terminal (downloads the default pair on first use)."""
+    settings = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, tree=tree, budget=budget, system=system)
+    make_spec(tree, budget, no_draft, Sampling(temperature, top_p, top_k, seed))  # bad options fail before loading
+    pipe = _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory)
+    err.print(f"[dim]{pipe.pair.description} · target on {pipe.target_backend} {pipe.placement} · /help for commands, /bye to exit[/]")
+    history: list[dict[str, str]] = []
+    while True:
+        message = read_message()
+        if message is None or message.strip() in ("/bye", "/exit", "/quit"):
+            break
+        if not message.strip():
+            continue
+        try:
+            if message.startswith("/"):
+                handle_command(message, settings, history, pipe)
+                continue
+            history.append({"role": "user", "content": message})
+            answer = answer_once(pipe, history, settings, no_draft)
+            history.append({"role": "assistant", "content": answer})
+        except OndeviceError as e:
+            err.print(f"[red]error:[/] {e}")
+            if history and history[-1]["role"] == "user":
+                history.pop()
+
+
+def handle_command(message: str, settings: dict, history: list, pipe) -> None:
+    cmd, *args = message.split()
+    if cmd == "/help":
+        console.print(HELP)
+    elif cmd == "/set":
+        apply_set(settings, args)
+    elif cmd == "/show":
+        console.print(f"model {pipe.pair.name} · target backend {pipe.target_backend} {pipe.placement}")
+        console.print(", ".join(f"{k}={v!r}" for k, v in settings.items()))
+    elif cmd == "/clear":
+        history.clear()
+        console.print("conversation cleared")
+    else:
+        raise OndeviceError(f"unknown command {cmd}; /help lists them.")
+
+
+def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: bool) -> str:
+    sampling = Sampling(settings["temperature"], settings["top_p"], settings["top_k"], settings["seed"])
+    spec = make_spec(settings["tree"], settings["budget"], no_draft, sampling)
+    messages = ([{"role": "system", "content": settings["system"]}] if settings["system"] else []) + history
+    ids = pipe.encode_chat(messages)
+    parts, stats = [], None
+    for rec in pipe.stream_tokens(ids, max_tokens=settings["max_tokens"], sampling=sampling, spec=spec):
+        sys.stdout.write(rec.text)
+        sys.stdout.flush()
+        parts.append(rec.text)
+        stats = rec.stats or stats
+    print()
+    err.print(f"[dim]{stats_line(stats)}[/]")
+    return "".join(parts)

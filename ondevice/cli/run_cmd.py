@@ -1,0 +1,118 @@
+"""`ondevice generate` (one shot) and `ondevice chat` (interactive, multi-turn)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+from rich.console import Console
+
+from ondevice.cli import options as opt
+from ondevice.engine import Stats
+from ondevice.errors import OndeviceError
+from ondevice.protocols import BUILDERS, DraftSpec
+from ondevice.verify import Sampling
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8}
+
+
+def make_spec(tree: str, budget: int | None, no_draft: bool, sampling: Sampling) -> DraftSpec | None:
+    if no_draft:
+        return None
+    if tree == "auto":
+        tree = "chain"  # TODO(planner): replaced by the hardware-aware planner
+    if tree not in BUILDERS:
+        raise OndeviceError(f"unknown tree builder {tree!r}; choose one of {', '.join(BUILDERS + ('auto',))}.")
+    budget = DEFAULT_BUDGET[tree] if budget is None else budget
+    if not 1 <= budget <= 2048:
+        raise OndeviceError(f"--budget must be between 1 and 2048 (got {budget}).")
+    return DraftSpec(builder=tree, budget=budget, temperature=sampling.temperature, seed=sampling.seed)
+
+
+def stats_line(stats: Stats) -> str:
+    busy = stats.draft_seconds + stats.verify_seconds + max(stats.overhead_seconds, 0.0)
+    split = ""
+    if busy > 0:
+        split = (
+            f" · draft {100 * stats.draft_seconds / busy:.0f}% / verify {100 * stats.verify_seconds / busy:.0f}%"
+            f" / other {100 * max(stats.overhead_seconds, 0) / busy:.0f}%"
+        )
+    return (
+        f"{stats.tokens} tokens · {stats.tokens_per_second:.1f} tok/s · {stats.tokens_per_pass:.2f} tokens/pass"
+        f" over {stats.target_passes} target passes{split} · prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s"
+    )
+
+
+def _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory):
+    from ondevice.pipeline import load
+
+    with err.status("loading models…"):
+        return load(
+            opt.default_model(model), target_backend=target_backend, draft=not no_draft, vocab_trim=vocab_trim,
+            threads=threads, n_ctx=ctx, gpu_memory=gpu_memory, ram_memory=ram_memory,
+        )
+
+
+def generate(
+    prompt: str = typer.Argument(..., help="The prompt (sent through the chat template unless --raw)."),
+    model: opt.Model = None,
+    max_tokens: opt.MaxTokens = 256,
+    temperature: opt.Temperature = 0.0,
+    top_p: opt.TopP = 1.0,
+    top_k: opt.TopK = 0,
+    seed: opt.Seed = 0,
+    no_draft: opt.NoDraft = False,
+    tree: opt.Tree = "auto",
+    budget: opt.Budget = None,
+    target_backend: opt.TargetBackend = "auto",
+    vocab_trim: opt.VocabTrim = True,
+    threads: opt.Threads = None,
+    ctx: opt.Ctx = 4096,
+    gpu_memory: opt.GpuMemory = None,
+    ram_memory: opt.RamMemory = None,
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
+    as_json: opt.Json = False,
+) -> None:
+    """Generate one answer for PROMPT and exit."""
+    sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    spec = make_spec(tree, budget, no_draft, sampling)
+    pipe = _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory)
+    ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}])
+    text, token_ids, stats = [], [], None
+    for rec in pipe.stream_tokens(ids, max_tokens=max_tokens, sampling=sampling, spec=spec):
+        text.append(rec.text)
+        token_ids += rec.token_ids
+        stats = rec.stats or stats
+        if not as_json:
+            sys.stdout.write(rec.text)
+            sys.stdout.flush()
+    if as_json:
+        print(json.dumps(result_json(pipe, ids, "".join(text), token_ids, stats, spec)))
+    else:
+        print()
+        err.print(f"[dim]{stats_line(stats)}[/]")
+
+
+def result_json(pipe, prompt_ids, text, token_ids, stats: Stats, spec: DraftSpec | None) -> dict:
+    return {
+        "text": text,
+        "prompt_token_ids": prompt_ids,
+        "token_ids": token_ids,
+        "finish_reason": stats.finish_reason,
+        "target_passes": stats.target_passes,
+        "tokens_per_pass": stats.tokens_per_pass,
+        "accepted_per_pass": stats.accepted_per_pass,
+        "tokens_per_second": stats.tokens_per_second,
+        "prefill_seconds": stats.prefill_seconds,
+        "draft_seconds": stats.draft_seconds,
+        "verify_seconds": stats.verify_seconds,
+        "overhead_seconds": stats.overhead_seconds,
+        "tree": spec.builder if spec else "none",
+        "budget": spec.budget if spec else 0,
+        "target_backend": pipe.target_backend,
+        "model": pipe.pair.name,
+    }

@@ -1,0 +1,115 @@
+"""The one place where backends are chosen and wired: pair → files → tokenizer, drafter, target → engine.
+
+Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | prompt, ...)` yields
+`Record`s (text, token ids, how many came from the draft) and a final record with `stats`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from ondevice import catalog, hub
+from ondevice.engine import SpecEngine, Stats, Step
+from ondevice.errors import OndeviceError
+from ondevice.protocols import DraftSpec
+from ondevice.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
+from ondevice.verify import Sampling
+
+TARGET_BACKENDS = ("auto", "torch", "llama")
+
+
+@dataclass
+class LoadOptions:
+    pair: str | None = None
+    target_backend: str = "auto"
+    draft: bool = True
+    vocab_trim: bool = True
+    threads: int | None = None
+    n_ctx: int = 4096
+    device: str | None = None  # torch target: "cpu" / "cuda"; default: cuda if available
+    gpu_memory: str | None = None
+    ram_memory: str | None = None
+
+
+@dataclass
+class Record:
+    text: str
+    token_ids: list[int]
+    from_draft: int = 0
+    stats: Stats | None = None  # set on the last record only
+
+
+@dataclass
+class Pipeline:
+    pair: catalog.ModelPair
+    tokenizer: Tokenizer
+    engine: SpecEngine
+    target_backend: str
+    placement: str = ""
+    info: dict = field(default_factory=dict)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.tokenizer.encode(self.tokenizer.render_chat(messages), add_special=False, parse_special=True)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+
+    def stream_tokens(
+        self, prompt_ids: list[int], max_tokens: int = 256, sampling: Sampling = Sampling(), spec: DraftSpec | None = None, rule: str = "specexec"
+    ) -> Iterator[Record]:
+        decoder = StreamDecoder(self.tokenizer)
+        for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule):
+            if isinstance(item, Step):
+                yield Record(decoder.push(item.tokens), item.tokens, item.from_draft)
+            else:
+                yield Record(decoder.flush(), [], 0, stats=item)
+
+    def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:
+        ids = self.encode_prompt(messages) if isinstance(messages, str) else self.encode_chat(messages)
+        return self.stream_tokens(ids, **kwargs)
+
+
+def default_threads() -> int:
+    import psutil
+
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def _pick_backend(name: str) -> str:
+    if name not in TARGET_BACKENDS:
+        raise OndeviceError(f"unknown target backend {name!r}; choose one of {', '.join(TARGET_BACKENDS)}.")
+    if name != "auto":
+        return name
+    import torch
+
+    return "torch" if torch.cuda.is_available() else "llama"  # on a CPU-only machine llama.cpp is the fast target
+
+
+def _load_target(backend: str, path, opts: LoadOptions, threads: int):
+    if backend == "llama":
+        from ondevice.target.llama_target import LlamaTarget
+
+        return LlamaTarget(path, n_ctx=opts.n_ctx, threads=threads)
+    from ondevice.target.torch_target import TorchTarget
+
+    return TorchTarget.from_gguf(path, device=opts.device, n_ctx=opts.n_ctx, threads=threads)
+
+
+def load(pair: str | None = None, **kwargs) -> Pipeline:
+    opts = LoadOptions(pair=pair, **kwargs)
+    spec = catalog.load_pair(opts.pair)
+    files = hub.ensure_pair(spec)
+    threads = opts.threads or default_threads()
+    tokenizer = Tokenizer(files.target)
+    drafter = None
+    if opts.draft:
+        from ondevice.draft.llama_drafter import LlamaDrafter
+
+        check_same_vocab(tokenizer, Tokenizer(files.drafter))
+        drafter = LlamaDrafter(files.drafter, n_ctx=opts.n_ctx, threads=threads)
+    backend = _pick_backend(opts.target_backend)
+    target = _load_target(backend, files.target, opts, threads)
+    engine = SpecEngine(target, drafter, tokenizer.is_end)
+    return Pipeline(spec, tokenizer, engine, backend, info={"threads": threads})
