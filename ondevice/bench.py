@@ -1,0 +1,79 @@
+"""Benchmark: the same prompts decoded by the target alone and by each draft configuration.
+
+Reports per configuration: tokens accepted per target pass, decode tok/s, and where time goes
+(draft / verify / other). Every README figure comes from `ondevice bench`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+from ondevice.engine import Stats, Step
+from ondevice.protocols import DraftSpec
+from ondevice.verify import Sampling
+
+
+@dataclass
+class BenchResult:
+    config: str
+    builder: str
+    budget: int
+    prompts: int = 0
+    tokens: int = 0
+    target_passes: int = 0
+    drafted_nodes: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    predicted_tokens_per_second: float | None = None
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def other_seconds(self) -> float:
+        return self.decode_seconds - self.draft_seconds - self.verify_seconds
+
+    def add(self, stats: Stats) -> None:
+        self.prompts += 1
+        self.tokens += stats.tokens
+        self.target_passes += stats.target_passes
+        self.drafted_nodes += stats.drafted_nodes
+        self.draft_seconds += stats.draft_seconds
+        self.verify_seconds += stats.verify_seconds
+        self.decode_seconds += stats.decode_seconds
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_pass": self.tokens_per_pass, "tokens_per_second": self.tokens_per_second,
+                "other_seconds": self.other_seconds}
+
+
+def config_name(spec: DraftSpec | None) -> str:
+    return "target only" if spec is None else f"{spec.builder} @{spec.budget}"
+
+
+def run_config(
+    engine, prompts: Iterable[list[int]], spec: DraftSpec | None, max_tokens: int, sampling: Sampling = Sampling(),
+    on_prompt: Callable[[], None] | None = None,
+) -> tuple[BenchResult, list[list[int]]]:
+    """Decode every prompt with one configuration; returns the summary and the generated ids."""
+    result = BenchResult(config_name(spec), spec.builder if spec else "none", spec.budget if spec else 0)
+    outputs = []
+    for ids in prompts:
+        engine.cached = []  # each prompt from a cold cache: comparable across configurations
+        tokens: list[int] = []
+        for item in engine.generate(ids, max_tokens, sampling, spec):
+            if isinstance(item, Step):
+                tokens += item.tokens
+            else:
+                result.add(item)
+        outputs.append(tokens)
+        if on_prompt:
+            on_prompt()
+    return result, outputs

