@@ -39,3 +39,7 @@ from ondevice.cli import download_cmd  # noqa: E402
 
 app.command("download")(download_cmd.download)
 app.command("models")(download_cmd.models)
+
+from ondevice.cli import bench_cmd  # noqa: E402
+
+app.command("bench")(bench_cmd.bench)

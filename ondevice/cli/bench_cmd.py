@@ -1,0 +1,76 @@
+"""`ondevice bench`: target alone vs draft configurations on held-out prompts, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+import platform
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ondevice import prompts as prompt_sets
+from ondevice.bench import BenchResult, run_config
+from ondevice.cli import options as opt
+from ondevice.cli.run_cmd import _load, console, err, make_spec
+from ondevice.errors import OndeviceError
+from ondevice.verify import Sampling
+
+
+def parse_list(text: str, kind=str) -> list:
+    try:
+        return [kind(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise OndeviceError(f"could not read the list {text!r}.") from None
+
+
+def results_table(results: list[BenchResult], baseline: BenchResult | None) -> Table:
+    table = Table(title="ondevice bench (decode only; prompt processing excluded)")
+    for col in ("config", "tokens/pass", "tok/s", "speedup", "draft s", "verify s", "other s", "predicted tok/s"):
+        table.add_column(col, justify="right" if col != "config" else "left")
+    for r in results:
+        speed = f"{r.tokens_per_second / baseline.tokens_per_second:.2f}×" if baseline and baseline.tokens_per_second else "-"
+        pred = f"{r.predicted_tokens_per_second:.1f}" if r.predicted_tokens_per_second else "-"
+        table.add_row(r.config, f"{r.tokens_per_pass:.2f}", f"{r.tokens_per_second:.2f}", speed, f"{r.draft_seconds:.1f}",
+                      f"{r.verify_seconds:.1f}", f"{r.other_seconds:.1f}", pred)
+    return table
+
+
+def bench(
+    model: opt.Model = None,
+    trees: str = typer.Option("chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare."),
+    budgets: str = typer.Option("4,16,64", "--budgets", help="Comma-separated draft budgets (nodes per target pass)."),
+    prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out), code, chat or calibration."),
+    limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
+    max_tokens: opt.MaxTokens = 128,
+    temperature: opt.Temperature = 0.0,
+    target_backend: opt.TargetBackend = "auto",
+    vocab_trim: opt.VocabTrim = True,
+    threads: opt.Threads = None,
+    ctx: opt.Ctx = 4096,
+    gpu_memory: opt.GpuMemory = None,
+    ram_memory: opt.RamMemory = None,
+    as_json: opt.Json = False,
+) -> None:
+    """Measure tokens per target pass and tok/s: the target alone vs each tree builder and budget."""
+    sets = {"eval": prompt_sets.EVAL, "code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL, "calibration": prompt_sets.CALIBRATION}
+    if prompt_set not in sets:
+        raise OndeviceError(f"unknown prompt set {prompt_set!r}; choose one of {', '.join(sets)}.")
+    sampling = Sampling(temperature=temperature)
+    specs = [None] + [make_spec(t, b, False, sampling) for t in parse_list(trees) for b in parse_list(budgets, int)]
+    pipe = _load(model, target_backend, False, vocab_trim, threads, ctx, gpu_memory, ram_memory)
+    texts = sets[prompt_set][: limit or None]
+    ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    results = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, disable=as_json) as progress:
+        for spec in specs:
+            task = progress.add_task(f"{spec.builder} @{spec.budget}" if spec else "target only", total=len(ids))
+            result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
+            results.append(result)
+    if as_json:
+        print(json.dumps({"model": pipe.pair.name, "target_backend": pipe.target_backend, "machine": platform.processor() or platform.machine(),
+                          "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": len(ids),
+                          "results": [r.to_dict() for r in results]}, indent=2))
+    else:
+        console.print(results_table(results, results[0]))
