@@ -1,0 +1,103 @@
+"""`ondevice profile`: what this machine is, what it measured, and the draft plan that follows.
+
+The first run for a model pair measures (minutes: it loads the target and the drafter); later runs
+show the saved profile until the hardware or the model files change, or `--refresh` is given.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ondevice.cli import options as opt
+from ondevice.optimizer import AcceptanceTracker, Plan, choose_plan, plan_as_dict
+from ondevice.profile_store import Profile, ProfileBackends, get_profile, profile_path
+
+Refresh = Annotated[bool, typer.Option("--refresh", help="Measure again even if a saved profile is current.")]
+
+console = Console(highlight=False)
+
+
+def profile(model: opt.Model = None, as_json: opt.Json = False, refresh: Refresh = False) -> None:
+    """Show this machine's facts, bandwidths and latency curves, and the draft plan they imply."""
+    from ondevice.pipeline import load_backends  # the pipeline chooses the backends (one place)
+
+    show_profile(load_backends(opt.default_model(model)), as_json=as_json, refresh=refresh)
+
+
+def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool = False, out: Console = console) -> Profile:
+    """Measure (or reuse) the profile for these backends and print it as tables or one JSON object."""
+    prof, reused = get_profile(backends, refresh=refresh, show=not as_json)
+    p_rank = AcceptanceTracker.load(prof.pair).p_rank
+    plan = choose_plan(prof.curves, p_rank, prof.overlap_possible)
+    if as_json:
+        record = {**prof.to_dict(), "reused": reused, "p_rank": p_rank.round(4).tolist(), "plan": plan_as_dict(plan)}
+        out.file.write(json.dumps(record) + "\n")  # verbatim: no Rich markup or wrapping
+        return prof
+    out.print(machine_table(prof))
+    out.print(curves_table(prof))
+    out.print(plan_line(plan))
+    how = "saved profile" if reused else f"measured in {prof.measure_seconds:.0f}s"
+    path = profile_path(prof.machine.fingerprint(), prof.pair, prof.backend)
+    out.print(f"[dim]{how}, {prof.created} · {path}{' · --refresh measures again' if reused else ''}[/]")
+    return prof
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB"
+
+
+def _gbps(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f} GB/s"
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
+
+
+def machine_table(prof: Profile) -> Table:
+    m, bw = prof.machine, prof.bandwidths
+    table = Table(title=f"machine {m.fingerprint()}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("CPU", m.cpu_model)
+    table.add_row("cores", f"{m.physical_cores} physical, {m.logical_cores} logical, {m.usable_cores} usable")
+    table.add_row("SIMD", " ".join(m.simd) or "—")
+    table.add_row("RAM", f"{_gib(m.ram_total)} ({_gib(m.ram_available)} available)")
+    for i, g in enumerate(m.gpus or [None]):
+        table.add_row(f"GPU {i}", "none" if g is None else f"{g.name}, {_gib(g.vram_total)} ({_gib(g.vram_free)} free), sm {g.capability}")
+    table.add_row("disk free", _gib(m.disk_free))
+    table.add_row("RAM copy", _gbps(bw.ram_copy))
+    table.add_row("pinned → GPU", _gbps(bw.host_to_device))
+    table.add_row("GPU → pinned", _gbps(bw.device_to_host))
+    table.add_row("disk read", _gbps(bw.disk_read))
+    return table
+
+
+def curves_table(prof: Profile) -> Table:
+    target, drafter = prof.curves.target, prof.curves.drafter
+    table = Table(title=f"latency: {prof.pair} ({prof.backend})", title_justify="left")
+    for name in ("n", "target pass", "target ms/token", "draft call (batch n)"):
+        table.add_column(name, justify="right")
+    for n in sorted(set(target.ns) | set(drafter.ns)):
+        t = _ms(target(n)) if n in target.ns else ""
+        per_token = f"{target(n) * 1e3 / n:.2f}" if n in target.ns else ""
+        d = _ms(drafter(n)) if n in drafter.ns else ""
+        table.add_row(str(n), t, per_token, d)
+    return table
+
+
+def plan_line(plan: Plan) -> str:
+    if plan.budget == 0:
+        return f"[bold]plan:[/] target alone, {plan.target_only_tokens_per_second:.1f} tok/s — {plan.fallback_reason}"
+    mode = "drafting ∥ verifying" if plan.overlap else "draft, then verify"
+    return (
+        f"[bold]plan:[/] {plan.builder}, {plan.budget} drafted nodes, depth {plan.depth}, {mode}: "
+        f"{plan.predicted_tokens_per_pass:.2f} tokens/pass, {plan.predicted_tokens_per_second:.1f} tok/s predicted "
+        f"vs {plan.target_only_tokens_per_second:.1f} target alone ({plan.predicted_speedup:.2f}×)"
+    )
