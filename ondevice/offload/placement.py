@@ -1,0 +1,194 @@
+"""Where each decoder layer of an offloaded target lives: on the device, in pinned RAM, or on disk.
+
+Memory model (all in bytes):
+  device  = resident minimum (embeddings, final norm, LM head, KV cache, activations margin)
+          + the layers kept on the device (their decoded size)
+          + when anything streams: `ring_slots` buffers of the largest layer as transferred
+            + one decoded layer of scratch when layers travel encoded (GGUF blocks, int8, …)
+  RAM     = every streamed layer as transferred (pinned) + `disk_buffers` staging buffers when any
+            layer is read from disk.
+Layers that do not fit on the device stream; streamed layers that do not fit in RAM come from disk.
+Both kinds are spread evenly over the stack, so copies (and disk reads) overlap with the compute of
+the layers around them.
+
+Sizes in budgets: "6GiB", "500MB", "1.5G". IEC units (KiB, MiB, GiB, TiB) and bare letters
+(K, M, G, T, as in `dd` and docker) are powers of 1024; SI units (KB, MB, GB, TB) are powers of 1000.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import psutil
+import torch
+
+from ondevice.errors import OndeviceError
+
+_UNITS = {"": 1, "b": 1}
+for _i, _letter in enumerate("kmgt", start=1):
+    _UNITS[_letter] = _UNITS[_letter + "ib"] = 1024**_i
+    _UNITS[_letter + "b"] = 1000**_i
+
+DEVICE_MARGIN = 512 * 2**20  # left free on the GPU for the CUDA context, allocator slack
+RAM_MARGIN = 2 * 2**30  # left free in RAM for the OS, Python and the drafter's working set
+
+
+def parse_size(text: str | int) -> int:
+    """'6GiB' → 6442450944, '500MB' → 500000000, '1.5G' → 1610612736, 4096 → 4096."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and m[2].lower()
+    if not m or unit not in _UNITS:
+        raise OndeviceError(f"Cannot read the size {text!r}; write it like '6GiB', '500MB' or '1.5G'.")
+    return int(float(m[1]) * _UNITS[unit])
+
+
+def format_bytes(n: float) -> str:
+    """412_000_000 → '412 MB' (SI, like ollama)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            value = n / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The plan: layer indices per tier, and the memory each tier is planned to use."""
+
+    on_device: tuple[int, ...]
+    from_ram: tuple[int, ...]
+    from_disk: tuple[int, ...]
+    transfer_bytes: tuple[int, ...]  # per layer, as moved over the bus (encoded)
+    device_bytes: int  # planned device memory, resident minimum included
+    ram_bytes: int  # planned pinned host memory
+    ring_slots: int = 2
+    device_kind: str = "GPU"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.transfer_bytes)
+
+    @property
+    def streamed(self) -> tuple[int, ...]:
+        """Streamed layers (RAM or disk) in the order a forward pass needs them."""
+        return tuple(sorted(self.from_ram + self.from_disk))
+
+    @property
+    def bytes_per_pass(self) -> int:
+        return sum(self.transfer_bytes[i] for i in self.streamed)
+
+    @property
+    def disk_bytes_per_pass(self) -> int:
+        return sum(self.transfer_bytes[i] for i in self.from_disk)
+
+    def describe(self) -> str:
+        """'28 layers: 7 on GPU, 21 streamed from RAM, 0 from disk; 412 MB moved per pass'"""
+        return (
+            f"{self.n_layers} layers: {len(self.on_device)} on {self.device_kind}, "
+            f"{len(self.from_ram)} streamed from RAM, {len(self.from_disk)} from disk; "
+            f"{format_bytes(self.bytes_per_pass)} moved per pass"
+        )
+
+
+def default_device_budget(device: torch.device | str) -> int:
+    """Free device memory minus a margin (for a CPU 'device': available RAM minus a margin)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(0, free - DEVICE_MARGIN)
+    return default_ram_budget()
+
+
+def default_ram_budget() -> int:
+    return max(0, psutil.virtual_memory().available - RAM_MARGIN)
+
+
+def spread(items: Sequence[int], count: int) -> list[int]:
+    """`count` of `items`, evenly spaced (count = 2 of 0..7 → [2, 6])."""
+    n = len(items)
+    return [items[(2 * j + 1) * n // (2 * count)] for j in range(count)] if count else []
+
+
+def plan_placement(
+    layer_bytes: Sequence[int],
+    resident_bytes: int,
+    *,
+    transfer_bytes: Sequence[int] | None = None,
+    device_budget: int | str | None = None,
+    ram_budget: int | str | None = None,
+    device: torch.device | str = "cuda",
+    ring_slots: int = 2,
+    disk_buffers: int = 2,
+    decode_scratch: bool | None = None,
+) -> Placement:
+    """Plan which layers stay on the device, stream from RAM, or stream from disk.
+
+    layer_bytes[i]: layer i's parameters as the device computes with them (decoded).
+    transfer_bytes[i]: layer i as moved (GGUF blocks, int8 …); default: same as layer_bytes.
+    resident_bytes: everything that must stay on the device whatever happens.
+    decode_scratch: whether streamed layers are decoded into fresh memory (default: when the
+    transferred and decoded sizes differ; f16 → bf16 is a decode of the same size).
+    """
+    n = len(layer_bytes)
+    transfer = tuple(int(b) for b in (transfer_bytes if transfer_bytes is not None else layer_bytes))
+    if len(transfer) != n:
+        raise ValueError("layer_bytes and transfer_bytes must have one entry per layer")
+    kind = "GPU" if torch.device(device).type == "cuda" else "CPU"
+    budget = parse_size(device_budget) if device_budget is not None else default_device_budget(device)
+    ram = parse_size(ram_budget) if ram_budget is not None else default_ram_budget()
+
+    if resident_bytes + sum(layer_bytes) <= budget:  # everything fits: nothing streams
+        return Placement(tuple(range(n)), (), (), transfer, resident_bytes + sum(layer_bytes), 0, ring_slots, kind)
+
+    if decode_scratch is None:
+        decode_scratch = transfer != tuple(layer_bytes)
+    scratch = max(layer_bytes) if decode_scratch else 0
+    floor = resident_bytes + ring_slots * max(transfer) + scratch
+    if budget < floor:
+        raise OndeviceError(
+            f"The {kind} memory budget ({format_bytes(budget)}) is below the {format_bytes(floor)} this model "
+            f"needs on the {kind} even with every layer streamed; free {kind} memory, raise the budget, "
+            "or use a shorter context."
+        )
+    on_device = _fit_on_device(layer_bytes, budget - floor)
+    streamed = [i for i in range(n) if i not in on_device]
+    from_ram, from_disk, ram_used = _split_ram_disk(streamed, transfer, ram, disk_buffers)
+    device_used = floor + sum(layer_bytes[i] for i in on_device)
+    return Placement(
+        tuple(on_device), tuple(from_ram), tuple(from_disk), transfer, device_used, ram_used, ring_slots, kind
+    )
+
+
+def _fit_on_device(layer_bytes: Sequence[int], room: int) -> list[int]:
+    """The most layers, evenly spread, whose decoded bytes fit in `room`."""
+    everything = list(range(len(layer_bytes)))
+    for count in range(len(layer_bytes), -1, -1):
+        chosen = spread(everything, count)
+        if sum(layer_bytes[i] for i in chosen) <= room:
+            return chosen
+    return []
+
+
+def _split_ram_disk(
+    streamed: list[int], transfer: Sequence[int], ram: int, disk_buffers: int
+) -> tuple[list[int], list[int], int]:
+    """Streamed layers → (from RAM, from disk, RAM used); disk layers cost `disk_buffers` staging buffers."""
+    all_in_ram = sum(transfer[i] for i in streamed)
+    if all_in_ram <= ram:
+        return streamed, [], all_in_ram
+    staging = disk_buffers * max(transfer[i] for i in streamed)
+    if ram < staging:
+        raise OndeviceError(
+            f"The RAM budget ({format_bytes(ram)}) is below the {format_bytes(staging)} needed to stream "
+            "layers from disk; free some memory or raise the RAM budget."
+        )
+    for count in range(len(streamed) - 1, -1, -1):
+        in_ram = spread(streamed, count)
+        used = staging + sum(transfer[i] for i in in_ram)
+        if used <= ram:
+            return in_ram, [i for i in streamed if i not in in_ram], used
+    raise AssertionError("unreachable: zero layers in RAM always fits once staging fits")
