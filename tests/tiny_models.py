@@ -1,0 +1,206 @@
+"""Write tiny random Qwen2 / Llama models for tests, as a GGUF file and as a Hugging Face folder.
+
+The same (arch, vocab, seed) gives the same model in both formats, so tests can compare our loaders,
+llama.cpp and transformers on one set of weights:
+
+    write_tiny_gguf(tmp / "tiny.gguf", arch="qwen2")      # llama.cpp can load it (f32 or f16 weights)
+    write_tiny_hf(tmp / "tiny-hf", arch="qwen2")          # config.json + model.safetensors
+
+The GGUF carries a minimal byte-level BPE tokenizer that llama.cpp accepts: the 256 byte tokens in
+GPT-2's byte-to-unicode spelling, merges of lowercase letter pairs, and one control token
+`<|endoftext|>` (the last id) used as BOS and EOS. Tiny Llama uses Llama 3 RoPE scaling (written
+as `rope_freqs.weight`, as llama.cpp's converter does) and has a separate LM head; tiny Qwen2 has
+q/k/v biases and a tied LM head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+from pathlib import Path
+
+import numpy as np
+
+DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}  # fmt: skip
+
+
+# --- tokenizer -------------------------------------------------------------------------------------
+
+
+def byte_tokens() -> list[str]:
+    """The 256 byte tokens, token id = byte value, spelled with GPT-2's bytes_to_unicode table."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    spelling, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            spelling[b] = chr(b)
+        else:
+            spelling[b] = chr(256 + extra)
+            extra += 1
+    return [spelling[b] for b in range(256)]
+
+
+def tiny_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges) of a byte-level BPE vocab; the last id is <|endoftext|>."""
+    n_merges = vocab_size - 257
+    pairs = [a + b for a in string.ascii_lowercase for b in string.ascii_lowercase]
+    if not 0 < n_merges <= len(pairs):
+        raise ValueError(f"vocab_size must be in 258..{257 + len(pairs)}")
+    merges = [f"{p[0]} {p[1]}" for p in pairs[:n_merges]]
+    tokens = byte_tokens() + pairs[:n_merges] + ["<|endoftext|>"]
+    types = [1] * (vocab_size - 1) + [3]  # NORMAL ... CONTROL
+    return tokens, types, merges
+
+
+# --- weights ---------------------------------------------------------------------------------------
+
+
+def tiny_config(arch: str = "qwen2", vocab: int = 320) -> dict:
+    """A Hugging Face config.json for the tiny model."""
+    common = dict(
+        vocab_size=vocab, max_position_embeddings=512, rms_norm_eps=1e-6, hidden_act="silu",
+        bos_token_id=vocab - 1, eos_token_id=vocab - 1, torch_dtype="float32", **DIMS,
+    )  # fmt: skip
+    if arch == "qwen2":
+        return dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1e6,
+                    tie_word_embeddings=True, use_sliding_window=False, **common)  # fmt: skip
+    if arch == "llama":
+        return dict(architectures=["LlamaForCausalLM"], model_type="llama", rope_theta=10000.0,
+                    rope_scaling=dict(LLAMA3_ROPE), tie_word_embeddings=False, attention_bias=False,
+                    mlp_bias=False, **common)  # fmt: skip
+    raise ValueError(f"unknown tiny arch {arch!r}")
+
+
+def tiny_hf_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random fp32 weights under Hugging Face names, scaled so activations and logits are O(1..10)."""
+    rng = np.random.default_rng(seed)
+    C, F, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    hd = C // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * hd
+
+    def linear(out_f, in_f):
+        return (rng.standard_normal((out_f, in_f)) / math.sqrt(in_f)).astype(np.float32)
+
+    def norm():
+        return (1.0 + 0.2 * rng.standard_normal(C)).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": rng.standard_normal((V, C)).astype(np.float32)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm()
+        for name, out_f in (("q_proj", C), ("k_proj", kv), ("v_proj", kv)):
+            t[p + f"self_attn.{name}.weight"] = linear(out_f, C)
+            if config["model_type"] == "qwen2":
+                t[p + f"self_attn.{name}.bias"] = (0.5 * rng.standard_normal(out_f)).astype(np.float32)
+        t[p + "self_attn.o_proj.weight"] = linear(C, C)
+        t[p + "post_attention_layernorm.weight"] = norm()
+        t[p + "mlp.gate_proj.weight"] = linear(F, C)
+        t[p + "mlp.up_proj.weight"] = linear(F, C)
+        t[p + "mlp.down_proj.weight"] = linear(C, F)
+    t["model.norm.weight"] = norm()
+    if not config["tie_word_embeddings"]:
+        t["lm_head.weight"] = linear(V, C)
+    return t
+
+
+def write_tiny_hf(folder: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0) -> Path:
+    """Write config.json + model.safetensors; returns the folder."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = tiny_config(arch, vocab)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(tiny_hf_tensors(config, seed), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+# --- GGUF ------------------------------------------------------------------------------------------
+
+
+def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of Llama Q/K rows (rotate-half -> adjacent pairs)."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_factors(config: dict) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter computes it from Llama 3's rope_scaling."""
+    rope, theta = config["rope_scaling"], config["rope_theta"]
+    hd = config["hidden_size"] // config["num_attention_heads"]
+    old, factor = rope["original_max_position_embeddings"], rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    out = []
+    for freq in 1.0 / theta ** (np.arange(0, hd, 2) / hd):
+        wavelen = 2 * math.pi / freq
+        smooth = (old / wavelen - low) / (high - low)
+        out.append(1.0 if wavelen < old / high else factor if wavelen > old / low else 1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}  # fmt: skip
+_GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}  # fmt: skip
+
+
+def gguf_tensors(config: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """HF-named tensors -> GGUF-named ones, Llama Q/K permuted the way llama.cpp's converter does."""
+    out = {}
+    for name, w in hf.items():
+        if name in _GGUF_TOP:
+            out[_GGUF_TOP[name]] = w
+            continue
+        _, _, i, rest = name.split(".", 3)
+        if config["model_type"] == "llama" and rest.startswith("self_attn.q_proj"):
+            w = llama_cpp_permute(w, config["num_attention_heads"])
+        elif config["model_type"] == "llama" and rest.startswith("self_attn.k_proj"):
+            w = llama_cpp_permute(w, config["num_key_value_heads"])
+        out[f"blk.{i}.{_GGUF_LAYER[rest]}"] = w
+    if config.get("rope_scaling"):
+        out["rope_freqs.weight"] = llama3_factors(config)
+    return out
+
+
+def write_tiny_gguf(path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32") -> Path:
+    """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path."""
+    import gguf
+
+    config = tiny_config(arch, vocab)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    tokens, types, merges = tiny_vocab(vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "llama-bpe")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(vocab - 1)
+    writer.add_eos_token_id(vocab - 1)
+    writer.add_add_bos_token(False)
+    for name, w in gguf_tensors(config, tiny_hf_tensors(config, seed)).items():
+        writer.add_tensor(name, w.astype(np.float16) if dtype == "f16" and w.ndim == 2 else w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
