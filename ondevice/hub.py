@@ -79,17 +79,17 @@ class SourceFailed(Exception):
 
 
 def ensure_pair(
-    pair: ModelPair, console: Console | None = None, *, force: bool = False, offline_ok: bool = False
+    pair: ModelPair, console: Console | None = None, *, force: bool = False, offline_ok: bool = False, announce_cached: bool = True
 ) -> PairFiles:
     """Paths of the pair's target and drafter, downloaded and verified as needed (see ensure_file)."""
     console = console or Console(stderr=True)
-    target = ensure_file(pair.target, console, force=force, offline_ok=offline_ok)
-    drafter = ensure_file(pair.drafter, console, force=force, offline_ok=offline_ok)
+    target = ensure_file(pair.target, console, force=force, offline_ok=offline_ok, announce_cached=announce_cached)
+    drafter = ensure_file(pair.drafter, console, force=force, offline_ok=offline_ok, announce_cached=announce_cached)
     return PairFiles(target=target, drafter=drafter)
 
 
 def ensure_file(
-    model_file: ModelFile, console: Console | None = None, *, force: bool = False, offline_ok: bool = False
+    model_file: ModelFile, console: Console | None = None, *, force: bool = False, offline_ok: bool = False, announce_cached: bool = True
 ) -> Path:
     """The verified local copy of `model_file`, downloading it if it is missing or bad.
 
@@ -99,7 +99,8 @@ def ensure_file(
     console = console or Console(stderr=True)
     path = local_path(model_file)
     if _cached(path, model_file, console, rehash=force):
-        _say(console, f"{model_file.label}: cached at {path}")
+        if announce_cached:
+            _say(console, f"{model_file.label}: cached at {path}")
         return path
     if offline_ok:
         raise OndeviceError(f"{model_file.label} is not downloaded; run `ondevice download` first")

@@ -92,15 +92,18 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int):
         from ondevice.target.llama_target import LlamaTarget
 
         return LlamaTarget(path, n_ctx=opts.n_ctx, threads=threads)
+    import torch
+
     from ondevice.target.torch_target import TorchTarget
 
-    return TorchTarget.from_gguf(path, device=opts.device, n_ctx=opts.n_ctx, threads=threads)
+    device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return TorchTarget.from_gguf(path, device=device, n_ctx=opts.n_ctx, threads=threads)
 
 
 def load(pair: str | None = None, **kwargs) -> Pipeline:
     opts = LoadOptions(pair=pair, **kwargs)
     spec = catalog.load_pair(opts.pair)
-    files = hub.ensure_pair(spec)
+    files = hub.ensure_pair(spec, announce_cached=False)  # downloads on first use
     threads = opts.threads or default_threads()
     tokenizer = Tokenizer(files.target)
     drafter = None
@@ -108,7 +111,7 @@ def load(pair: str | None = None, **kwargs) -> Pipeline:
         from ondevice.draft.llama_drafter import LlamaDrafter
 
         check_same_vocab(tokenizer, Tokenizer(files.drafter))
-        drafter = LlamaDrafter(files.drafter, n_ctx=opts.n_ctx, threads=threads)
+        drafter = LlamaDrafter(files.drafter, n_ctx=opts.n_ctx, threads=threads, vocab_trim=opts.vocab_trim)
     backend = _pick_backend(opts.target_backend)
     target = _load_target(backend, files.target, opts, threads)
     engine = SpecEngine(target, drafter, tokenizer.is_end)

@@ -1,0 +1,103 @@
+"""LlamaDrafter: a small GGUF model on the CPU (llama.cpp) that proposes draft trees.
+
+It keeps its own KV cache across rounds (`DraftKV`): each `draft(context, spec)` keeps what is
+cached of `context` (the accepted nodes of the last tree included), decodes only the new tokens,
+then grows a tree with the builder named in `spec` (see `ondevice.draft.builders`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ondevice.draft.builders import BATCH_SPREAD, Round, build_best_first, build_chain, build_multi_seq
+from ondevice.draft.search_tree import SearchTree
+from ondevice.draft.tree_cache import DraftKV
+from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
+from ondevice.errors import OndeviceError
+from ondevice.llama_backend import MAX_SEQUENCES, LlamaContext, LlamaModel
+from ondevice.protocols import BUILDERS, DraftSpec
+from ondevice.tree import DraftTree
+
+MAX_BUDGET = 2048
+
+
+def check_spec(spec: DraftSpec) -> None:
+    if spec.builder not in BUILDERS:
+        raise OndeviceError(f"unknown draft builder {spec.builder!r}; choose one of {', '.join(BUILDERS)}.")
+    if not 1 <= spec.budget <= MAX_BUDGET:
+        raise OndeviceError(f"the draft budget must be 1 to {MAX_BUDGET} tokens, not {spec.budget}.")
+    if not spec.temperature >= 0:
+        raise OndeviceError(f"the temperature must be >= 0, not {spec.temperature}.")
+
+
+class LlamaDrafter:
+    """Drafter protocol over llama.cpp; n_ctx is the longest context it must hold (tree cells come on top).
+
+    vocab_trim: use the VocabTrim head built for this drafter (`ondevice quant vocab-trim`) if there is
+    one: target ids in, full-vocabulary distributions out, zero outside the kept tokens.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = 4096,
+        threads: int | None = None,
+        max_batch: int = 64,
+        max_depth: int | None = None,
+        batch_spread: float = BATCH_SPREAD,
+        kv_type: str = "f32",
+        n_batch: int = 512,
+        vocab_trim: bool = False,
+    ):
+        if not 1 <= max_batch < MAX_SEQUENCES:
+            raise OndeviceError(f"max_batch must be 1 to {MAX_SEQUENCES - 1}, not {max_batch}.")
+        head = TrimmedHead.find(model_path) if vocab_trim else None
+        self.model = LlamaModel(head.gguf_path if head else model_path)
+        llama_ctx = LlamaContext(
+            self.model,
+            n_ctx=n_ctx + MAX_BUDGET + max_batch,
+            n_batch=n_batch,
+            threads=threads,
+            kv_type=kv_type,
+            embeddings_input=head is not None,
+        )
+        self.ctx = TrimmedContext(llama_ctx, head) if head else llama_ctx
+        self.vocab_trimmed = head is not None
+        self.n_ctx = n_ctx
+        self.n_vocab = self.ctx.n_vocab
+        self.max_batch = max_batch
+        self.max_depth = max_depth
+        self.batch_spread = batch_spread
+        self.cache = DraftKV(self.ctx)
+
+    def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
+        check_spec(spec)
+        if not 0 < len(context) <= self.n_ctx:
+            raise OndeviceError(
+                f"the drafter holds 1 to {self.n_ctx} context tokens, got {len(context)}; start a new chat or raise the context size."
+            )
+        root_logits = self.cache.sync(context)
+        r = Round(spec, int(context[-1]), self.cache)
+        root_logp = r.distributions([0], root_logits[None, :])[0]
+        if spec.builder == "chain":
+            return build_chain(r, root_logp)
+        if spec.builder == "multi-seq":
+            return build_multi_seq(r, root_logp)
+        return build_best_first(r, root_logp, self.max_batch, self.max_depth, self.batch_spread)
+
+    def probe_batch(self, n: int) -> None:
+        """One llama_decode of n draft nodes (siblings, each on its own branch), then undone. For profiling."""
+        stand_in = (np.arange(64 + n) * 7919 + 11) % self.n_vocab  # arbitrary valid token ids
+        if not self.cache.tokens:
+            self.cache.sync(stand_in[:64].tolist())  # a 64-token context
+        search = SearchTree(self.cache.tokens[-1])
+        nodes = search.add_children(0, stand_in[64:], np.zeros(n))
+        self.cache.expand(search, nodes)
+        self.cache.release(search, {0})
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()

@@ -1,0 +1,117 @@
+"""The tree a drafter grows during one round, and how children are picked from a distribution.
+
+`SearchTree` holds every node proposed so far (node 0 is the root): token, parent, depth, the true
+cumulative draft log-prob, and a ranking score. For top-k children the score *is* the cumulative
+log-prob; for children sampled without replacement the score is made non-increasing in draw order
+(see `sampled_children`), so whatever subset a builder keeps is a prefix of each node's draws, as
+Sequoia's verification rule requires. `to_draft_tree` turns a kept, ancestor-closed subset into the
+`DraftTree` the target verifies, in creation order (parents before children, siblings in draw order).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ondevice.tree import DraftTree
+
+
+def log_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """(n, vocab) float32 log-softmax of logits / temperature (temperature 0 means 1: greedy ranking)."""
+    scaled = logits / np.float32(temperature) if temperature > 0 else np.array(logits, dtype=np.float32)
+    scaled -= scaled.max(axis=-1, keepdims=True)
+    scaled -= np.log(np.exp(scaled).sum(axis=-1, keepdims=True))
+    return scaled
+
+
+def top_children(logp: np.ndarray, k: int, floor: float = -np.inf) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely tokens of one (vocab,) log-prob row with log-prob > floor, most likely first."""
+    ids = np.flatnonzero(logp > floor) if floor > -np.inf else np.arange(len(logp))
+    if k < len(ids):
+        ids = ids[np.argpartition(-logp[ids], k - 1)[:k]]
+    ids = ids[np.lexsort((ids, -logp[ids]))]  # by log-prob, ties by token id
+    return ids, logp[ids]
+
+
+def sampled_children(logp: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """k tokens drawn without replacement from exp(logp) (Gumbel top-k), in draw order."""
+    k = min(k, int(np.isfinite(logp).sum()))
+    keys = logp + rng.gumbel(size=logp.shape).astype(np.float32)
+    top = np.argpartition(-keys, k - 1)[:k] if k < len(keys) else np.arange(len(keys))
+    top = top[np.argsort(-keys[top], kind="stable")]
+    return top, logp[top]
+
+
+class SearchTree:
+    """Nodes proposed while drafting one round; node 0 is the root (the last committed token)."""
+
+    def __init__(self, root_token: int):
+        self.tokens: list[int] = [int(root_token)]
+        self.parents: list[int] = [-1]
+        self.depths: list[int] = [0]
+        self.logprobs: list[float] = [0.0]  # cumulative draft log-prob root→node
+        self.scores: list[float] = [0.0]  # ranking score (== logprobs unless children were sampled)
+        self.expanded: list[bool] = [False]  # has the drafter computed this node's next-token distribution?
+        self.q: dict[int, np.ndarray] = {}  # expanded node -> tempered draft probs over the vocabulary
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_children(
+        self, parent: int, tokens: np.ndarray, step_logprobs: np.ndarray, sampled: bool = False, min_score: float = -np.inf
+    ) -> list[int]:
+        """Append children of `parent`, given best first (top-k) or in draw order (sampled).
+
+        Scores are non-increasing along `tokens` either way, so the first child scoring <= min_score
+        (one that can never be kept) ends the list.
+        """
+        lp = self.logprobs[parent] + np.asarray(step_logprobs, dtype=np.float64)
+        steps = np.minimum.accumulate(step_logprobs) if sampled else step_logprobs
+        scores = self.scores[parent] + np.asarray(steps, dtype=np.float64)
+        new = []
+        for token, logprob, score in zip(tokens, lp, scores):
+            if score <= min_score:
+                break
+            new.append(len(self.tokens))
+            self.tokens.append(int(token))
+            self.parents.append(parent)
+            self.depths.append(self.depths[parent] + 1)
+            self.logprobs.append(float(logprob))
+            self.scores.append(float(score))
+            self.expanded.append(False)
+        return new
+
+    def best(self, n: int) -> list[int]:
+        """The n best non-root nodes by score (ties: older first), best first."""
+        scores = np.asarray(self.scores[1:])
+        ids = np.arange(1, len(self.scores))
+        if n < len(ids):
+            cut = np.argpartition(-scores, n - 1)[:n]
+            # argpartition may split a tie at the cut arbitrarily: take every node scoring >= the cut
+            # and let the sort below (score desc, id asc) decide.
+            cut = np.flatnonzero(scores >= scores[cut].min())
+            scores, ids = scores[cut], ids[cut]
+        order = np.lexsort((ids, -scores))[:n]
+        return [int(i) for i in ids[order]]
+
+    def path(self, node: int) -> list[int]:
+        """Node ids root→node inclusive."""
+        out = []
+        while node != -1:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def to_draft_tree(self, nodes: Sequence[int]) -> DraftTree:
+        """The DraftTree of the root plus `nodes` (ancestor-closed), in creation order."""
+        keep = sorted({0, *(int(n) for n in nodes)})
+        new_id = {old: new for new, old in enumerate(keep)}
+        parents = [-1] + [new_id[self.parents[n]] for n in keep[1:]]
+        tree = DraftTree(
+            np.array([self.tokens[n] for n in keep]),
+            np.array(parents),
+            np.array([self.logprobs[n] for n in keep]),
+        )
+        tree.q = {new_id[n]: q for n, q in self.q.items() if n in new_id}
+        return tree

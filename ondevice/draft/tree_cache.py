@@ -1,0 +1,180 @@
+"""The drafter's KV cache: committed context on sequence 0, draft-tree branches on path sequences.
+
+llama.cpp's unified KV cache lets one cell belong to many sequences, and a token attends to the
+cells of its first sequence id at positions up to its own. So a branch of the draft tree is a
+*path sequence*: a sequence id whose cells are the context plus one root→node path. Expanding a node
+(decoding its token to get its children's distribution) puts its cell on a path sequence:
+
+- the parent ends a path sequence  → the child extends that sequence (no new id);
+- otherwise (a second child, or the parent is the root) → a fresh id gets the parent's path by
+  `seq_cp(parent_seq, new, 0, pos(parent) + 1)`, which only adds the id to existing cells.
+
+Many nodes of one batch go to one `llama_decode`. When the builder prunes nodes, `release` trims
+their path sequences (cells no sequence holds are freed, ids return to the pool). On the next
+`sync(context)` the cache keeps the longest common prefix, including the nodes of the last tree that
+the context went on with (their cells move onto sequence 0: accepted nodes are never re-decoded).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ondevice.draft.search_tree import SearchTree
+from ondevice.llama_backend import LlamaContext
+
+MAIN_SEQ = 0
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftKV:
+    def __init__(self, ctx: LlamaContext):
+        self.ctx = ctx
+        self.tokens: list[int] = []  # what sequence 0 holds, position i = tokens[i]
+        self.tree: SearchTree | None = None  # the tree grown since the last sync
+        self.path_end: dict[int, int] = {}  # path sequence id -> the node its path ends at
+        self.node_seq: dict[int, int] = {}  # node with a KV cell -> one path sequence holding it
+        self.free_seqs: list[int] = []  # unused sequence ids
+        self._forget_branches()
+        self.last_sync_decoded = 0  # tokens the last sync had to decode (the rest was cached)
+
+    @property
+    def root_pos(self) -> int:
+        return len(self.tokens) - 1
+
+    def free_capacity(self) -> int:
+        """How many more nodes can surely be expanded (each may need a fresh sequence id)."""
+        return len(self.free_seqs)
+
+    # --- sync ---------------------------------------------------------------------------------
+    def sync(self, context: Sequence[int]) -> np.ndarray:
+        """Make sequence 0 hold `context` and return the root's (context[-1]'s) logits row (a view)."""
+        context = [int(t) for t in context]
+        try:
+            self._keep_accepted_nodes(context)
+            self._drop_branches()
+            n_keep = min(common_prefix(self.tokens, context), len(context) - 1)
+            self.ctx.seq_rm(MAIN_SEQ, n_keep, -1)
+            del self.tokens[n_keep:]
+            self.last_sync_decoded = len(context) - n_keep
+            return self._append(context[n_keep:])
+        except BaseException:
+            self.reset()
+            raise
+
+    def _keep_accepted_nodes(self, context: list[int]) -> None:
+        """Move the cells of the last tree's nodes that `context` continues with onto sequence 0."""
+        if self.tree is None or common_prefix(self.tokens, context) < len(self.tokens):
+            return
+        tree, node, kept = self.tree, 0, []
+        cell_of = {(tree.parents[n], tree.tokens[n]): n for n in self.node_seq}
+        for token in context[len(self.tokens) : len(context) - 1]:  # the last token must be decoded
+            node = cell_of.get((node, token))
+            if node is None:
+                break
+            kept.append(node)
+        if kept:
+            start = len(self.tokens)
+            self.ctx.seq_cp(self.node_seq[kept[-1]], MAIN_SEQ, start, start + len(kept))
+            self.tokens.extend(tree.tokens[n] for n in kept)
+
+    def _drop_branches(self) -> None:
+        for seq in self.path_end:
+            self.ctx.seq_rm(seq, -1, -1)
+        self._forget_branches()
+
+    def _forget_branches(self) -> None:
+        self.path_end, self.node_seq, self.tree = {}, {}, None
+        self.free_seqs = list(range(self.ctx.n_seq_max - 1, MAIN_SEQ, -1))
+
+    def _append(self, tokens: list[int]) -> np.ndarray:
+        """Decode tokens onto sequence 0 in batches; the logits of the last one."""
+        step = self.ctx.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            pos = len(self.tokens) + np.arange(len(chunk))
+            is_last = start + step >= len(tokens)
+            outputs = np.zeros(len(chunk), bool)
+            outputs[-1] = is_last
+            logits = self.ctx.decode(chunk, pos, np.zeros(len(chunk), np.int32), outputs)
+            self.tokens.extend(chunk)
+        return logits[0]
+
+    def reset(self) -> None:
+        """Forget everything (after an error the cache contents are unknown)."""
+        self.ctx.clear()
+        self.tokens = []
+        self._forget_branches()
+
+    # --- expansion ----------------------------------------------------------------------------
+    def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray:
+        """Decode these nodes of `tree` (their parents already expanded) in one llama_decode.
+
+        Returns their (len(nodes), vocab) logits as a view, valid until the next decode.
+        """
+        self.tree = tree
+        if len(nodes) > len(self.free_seqs):
+            raise RuntimeError("not enough free sequence ids for this batch (check free_capacity)")
+        seqs = [self._place(tree, n) for n in nodes]
+        positions = [self.root_pos + tree.depths[n] for n in nodes]
+        try:
+            return self.ctx.decode([tree.tokens[n] for n in nodes], positions, np.asarray(seqs, np.int32), np.ones(len(nodes), bool))
+        except BaseException:
+            self.reset()
+            raise
+
+    def _place(self, tree: SearchTree, node: int) -> int:
+        """Choose the path sequence of a node about to be decoded, creating it if needed."""
+        parent = tree.parents[node]
+        if parent == 0:
+            seq = self.free_seqs.pop()
+            self.ctx.seq_cp(MAIN_SEQ, seq, -1, -1)  # the context, root included
+        else:
+            parent_seq = self.node_seq[parent]
+            if self.path_end[parent_seq] == parent:
+                seq = parent_seq
+            else:
+                seq = self.free_seqs.pop()
+                self.ctx.seq_cp(parent_seq, seq, -1, self.root_pos + tree.depths[parent] + 1)
+        self.path_end[seq] = node
+        self.node_seq[node] = seq
+        return seq
+
+    # --- pruning ------------------------------------------------------------------------------
+    def release(self, tree: SearchTree, alive: set[int]) -> None:
+        """Free the cells of expanded nodes outside `alive` (an ancestor-closed set) and unused ids.
+
+        Each path sequence is cut back to its deepest alive node; a sequence whose new end lies on
+        another sequence's path (or is the root) is redundant and goes entirely.
+        """
+        new_end = {}
+        for seq, end in self.path_end.items():
+            while end != 0 and end not in alive:
+                end = tree.parents[end]
+            new_end[seq] = end
+        inner = set()  # nodes strictly above some path's end
+        for end in set(new_end.values()):
+            inner.update(tree.path(end)[:-1])
+        ends_taken = set()
+        for seq, end in new_end.items():
+            if end == 0 or end in inner or end in ends_taken:
+                self.ctx.seq_rm(seq, -1, -1)
+                del self.path_end[seq]
+                self.free_seqs.append(seq)
+            else:
+                ends_taken.add(end)
+                if end != self.path_end[seq]:
+                    self.ctx.seq_rm(seq, self.root_pos + tree.depths[end] + 1, -1)
+                    self.path_end[seq] = end
+        self.node_seq = {}
+        for seq, end in self.path_end.items():
+            for node in tree.path(end)[1:]:
+                self.node_seq.setdefault(node, seq)

@@ -1,0 +1,110 @@
+"""What a drafter needs to run a VocabTrim drafter (see ondevice/quant/vocab_trim.py).
+
+The trimmed GGUF knows only K tokens, but the drafter must accept any target token as input and
+propose target ids. So:
+
+- inputs go in as embeddings (`llama_batch.embd`; a LlamaContext made with embeddings_input=True),
+  the *original* drafter's token_embd rows, dequantized here from the full drafter file
+  (memory-mapped, only the rows asked for), so they are the very values llama.cpp looks up;
+- outputs are (n, K) logits: draft index i is target id `keep_ids[i]` (`to_target_ids`,
+  `to_target_probs`).
+
+`TrimmedContext` wraps such a context so that it looks like the full drafter's: target ids in,
+full-width logits out (-inf outside keep_ids). That makes plugging VocabTrim into a drafter a
+matter of which model and context it builds.
+
+Never tokenize with the trimmed file; the target's tokenizer gives the ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from ondevice.errors import OndeviceError
+from ondevice.llama_backend import LlamaContext
+from ondevice.quant.vocab_trim import TrimmedVocab, find_trimmed, trimmed_paths
+
+
+class TrimmedHead:
+    """A trimmed drafter's vocabulary map and input embeddings.
+
+    gguf_path: the trimmed GGUF to load in llama.cpp (its n_vocab is `n_vocab`).
+    keep_ids: (K,) int64 ascending target ids; draft index i ↔ target id keep_ids[i].
+    """
+
+    def __init__(self, drafter: str | Path):
+        drafter = Path(drafter)
+        trimmed = find_trimmed(drafter)
+        if trimmed is None:
+            raise OndeviceError(f"no trimmed vocabulary is built for {drafter.name}; run `ondevice quant vocab-trim`")
+        record = TrimmedVocab.load(trimmed_paths(drafter)[1])
+        self.gguf_path = trimmed
+        self.keep_ids = np.asarray(record.keep_ids, dtype=np.int64)
+        self.n_vocab = record.k  # the trimmed (draft) vocabulary
+        self.n_vocab_full = record.n_vocab  # the target's vocabulary
+        self.n_embd = record.n_embd
+        self._embd_type = gguf.GGMLQuantizationType[record.embd_type]
+        self._embd_blocks = np.memmap(  # (n_vocab_full, row bytes) quantized rows of the full drafter
+            drafter, dtype=np.uint8, mode="r", offset=record.embd_offset, shape=(record.embd_rows, record.embd_row_bytes)
+        )
+
+    @classmethod
+    def find(cls, drafter: str | Path) -> "TrimmedHead | None":
+        """The trimmed head built for this drafter, or None if none was built."""
+        return cls(drafter) if find_trimmed(drafter) is not None else None
+
+    def embed(self, token_ids) -> np.ndarray:
+        """(n, n_embd) float32 input embeddings of target token ids (the full drafter's token_embd rows)."""
+        token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        if len(token_ids) == 0:
+            return np.zeros((0, self.n_embd), dtype=np.float32)
+        if token_ids.min() < 0 or token_ids.max() >= self.n_vocab_full:
+            raise ValueError(f"token ids must lie in [0, {self.n_vocab_full})")
+        rows = gguf.quants.dequantize(self._embd_blocks[token_ids], self._embd_type)
+        return np.ascontiguousarray(rows, dtype=np.float32).reshape(len(token_ids), self.n_embd)
+
+    def to_target_ids(self, draft_ids) -> np.ndarray:
+        """Draft indices (anything integer-shaped) → target token ids, same shape."""
+        return self.keep_ids[np.asarray(draft_ids, dtype=np.int64)]
+
+    def to_target_probs(self, probs: np.ndarray) -> np.ndarray:
+        """(..., K) draft probabilities → (..., n_vocab_full), zero outside keep_ids."""
+        full = np.zeros(probs.shape[:-1] + (self.n_vocab_full,), dtype=probs.dtype)
+        full[..., self.keep_ids] = probs
+        return full
+
+
+class TrimmedContext:
+    """A LlamaContext over the trimmed GGUF that looks like one over the full drafter.
+
+    `decode` takes target token ids, feeds their embeddings, and returns full-width logits
+    (n_outputs, n_vocab_full): the K kept columns, -inf elsewhere, so draft trees, samplers and
+    q distributions need no change (a token outside keep_ids gets probability 0). Everything else
+    (seq_rm, seq_cp, n_batch, ...) is the wrapped context's. The ctx must be made with
+    embeddings_input=True over head.gguf_path.
+    """
+
+    def __init__(self, ctx: LlamaContext, head: TrimmedHead):
+        if ctx.n_vocab != head.n_vocab:
+            raise ValueError(f"the context has {ctx.n_vocab} tokens, the trimmed head {head.n_vocab}")
+        self.ctx = ctx
+        self.head = head
+        self.n_vocab = head.n_vocab_full
+        self._full = np.full((0, head.n_vocab_full), -np.inf, dtype=np.float32)  # grows; -inf stays outside keep_ids
+
+    def decode(self, tokens, positions, seq_ids, outputs) -> np.ndarray:
+        """As LlamaContext.decode; the result is a view valid until the next decode."""
+        trimmed = self.ctx.decode(None, positions, seq_ids, outputs, embeddings=self.head.embed(tokens))
+        n = len(trimmed)
+        if n > len(self._full):
+            self._full = np.full((n, self.n_vocab), -np.inf, dtype=np.float32)
+        self._full[:n, self.head.keep_ids] = trimmed
+        return self._full[:n]
+
+    def __getattr__(self, name):
+        if name == "ctx":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.ctx, name)

@@ -1,0 +1,320 @@
+"""llama.cpp, the one place: load GGUF models and contexts, decode batches, manage the KV cache.
+
+Everything else in ondevice talks to llama.cpp through this file (the low-level ctypes API of
+llama-cpp-python). What it takes care of:
+
+- **Crash guard.** A native build on a CPU with AMX segfaults in `ggml_backend_amx_mul_mat` when it
+  multiplies a quantized matrix by more than one token. Every load here turns off llama.cpp's extra
+  weight buffer types (`use_extra_bufts = False`) on such CPUs, which avoids the AMX path.
+- **Clear errors.** A missing file or one that is not a GGUF is an `OndeviceError` before llama.cpp
+  sees it; a model or context llama.cpp refuses is one too.
+- **Tree-ready contexts.** A unified KV cache (one cell may belong to many sequences), flash
+  attention off (exact logits), up to `llama_max_parallel_sequences()` sequences.
+- **Quiet by default.** llama.cpp's log lines are dropped unless `set_llama_logging(True)` or the
+  environment variable ONDEVICE_LLAMA_LOG=1.
+
+`LlamaContext.decode` fills a batch held in numpy arrays and returns the logits of the requested
+rows as a numpy *view* of llama.cpp's buffer (no copy; valid until the next decode).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from ondevice.errors import OndeviceError
+
+GGUF_MAGIC = b"GGUF"
+KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
+MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX_SEQ (256)
+
+# --- logging ----------------------------------------------------------------------------------
+
+_log_enabled = os.environ.get("ONDEVICE_LLAMA_LOG", "") not in ("", "0")
+
+
+@llama_cpp.llama_log_callback
+def _log_to_stderr(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if _log_enabled and text:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+        sys.stderr.flush()
+
+
+def set_llama_logging(enabled: bool) -> None:
+    """Show (True) or drop (False, the default) llama.cpp's and ggml's log lines."""
+    global _log_enabled
+    _log_enabled = enabled
+
+
+llama_cpp.llama_log_set(_log_to_stderr, ctypes.c_void_p(0))  # replaces llama-cpp-python's printer
+
+
+@functools.cache
+def _backend_ready() -> bool:
+    llama_cpp.llama_backend_init()
+    return True
+
+
+# --- machine and file checks ------------------------------------------------------------------
+
+
+@functools.cache
+def cpu_has_amx() -> bool:
+    """True if this CPU reports AMX (Linux /proc/cpuinfo flags) or llama.cpp was built with AMX."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+        if any(f in flags.split() for f in ("amx_tile", "amx_int8", "amx_bf16")):
+            return True
+    except OSError:
+        pass
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+
+
+def check_gguf_file(path: str | Path) -> Path:
+    """The path as a Path if it is a readable GGUF file; else OndeviceError naming the fix."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise OndeviceError(f"model file {path} does not exist; run `ondevice download` or check the path.")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        raise OndeviceError(f"model file {path} cannot be read ({err.strerror}); check its permissions.") from None
+    if magic != GGUF_MAGIC:
+        raise OndeviceError(f"{path} is not a GGUF model file (it may be corrupt); download it again.")
+    return path
+
+
+def default_threads() -> int:
+    """Physical cores available to this process (llama.cpp gains nothing from hyper-threads)."""
+    import psutil
+
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(psutil.cpu_count(logical=False) or allowed, allowed))
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int = 0):
+    """Load a GGUF with the crash guard; returns llama.cpp's model handle (free it with llama_model_free)."""
+    path = check_gguf_file(path)
+    _backend_ready()
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    params.vocab_only = vocab_only
+    params.use_extra_bufts = not cpu_has_amx()
+    handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not handle:
+        raise OndeviceError(f"llama.cpp could not load {path} (corrupt or unsupported GGUF); download it again.")
+    return handle
+
+
+class LlamaModel:
+    """A loaded GGUF model: weights plus vocabulary facts."""
+
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0):
+        self.path = Path(path)
+        self.handle = load_model(path, n_gpu_layers=n_gpu_layers)
+        vocab = llama_cpp.llama_model_get_vocab(self.handle)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(self.handle))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.handle))
+
+    def close(self) -> None:
+        if getattr(self, "handle", None):
+            llama_cpp.llama_model_free(self.handle)
+            self.handle = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+# --- batches ----------------------------------------------------------------------------------
+
+_SeqIdRow = ctypes.POINTER(llama_cpp.llama_seq_id)
+
+
+class _Batch:
+    """A llama_batch whose arrays are numpy arrays we own (filled with vectorised writes)."""
+
+    def __init__(self, capacity: int, n_seq_max: int, n_embd: int = 0):
+        self.capacity, self.n_seq_max, self.n_embd = capacity, n_seq_max, n_embd
+        self.token = np.zeros(capacity, np.int32)
+        self.embd = np.zeros((capacity, n_embd), np.float32) if n_embd else None
+        self.pos = np.zeros(capacity, np.int32)
+        self.n_seq_id = np.zeros(capacity, np.int32)
+        self.seq_id = np.zeros((capacity, n_seq_max), np.int32)
+        self.logits = np.zeros(capacity, np.int8)
+        stride = self.seq_id.strides[0]
+        base = self.seq_id.ctypes.data
+        self._rows = (_SeqIdRow * capacity)(*[ctypes.cast(base + i * stride, _SeqIdRow) for i in range(capacity)])
+
+    def as_llama_batch(self, n_tokens: int, use_embd: bool) -> llama_cpp.llama_batch:
+        def ptr(a, ctype):
+            return a.ctypes.data_as(ctypes.POINTER(ctype))
+
+        b = llama_cpp.llama_batch()
+        b.n_tokens = n_tokens
+        b.token = ptr(self.token, llama_cpp.llama_token) if not use_embd else None
+        b.embd = ptr(self.embd, ctypes.c_float) if use_embd else None
+        b.pos = ptr(self.pos, llama_cpp.llama_pos)
+        b.n_seq_id = ptr(self.n_seq_id, ctypes.c_int32)
+        b.seq_id = self._rows
+        b.logits = ptr(self.logits, ctypes.c_int8)
+        return b
+
+
+# --- contexts ---------------------------------------------------------------------------------
+
+
+class LlamaContext:
+    """A llama.cpp context (KV cache + compute) for tree work; sequence 0 is the main sequence."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        n_ctx: int = 4096,
+        n_seq_max: int = MAX_SEQUENCES,
+        n_batch: int = 512,
+        n_ubatch: int | None = None,
+        threads: int | None = None,
+        kv_type: str = "f32",
+        embeddings_input: bool = False,
+    ):
+        if kv_type not in KV_TYPES:
+            raise OndeviceError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}.")
+        if not 1 <= n_seq_max <= MAX_SEQUENCES:
+            raise OndeviceError(f"llama.cpp supports 1 to {MAX_SEQUENCES} sequences per context, not {n_seq_max}.")
+        self.model = model
+        self.threads = threads or default_threads()
+        params = llama_cpp.llama_context_default_params()
+        n_batch = max(n_batch, n_seq_max)  # llama.cpp reserves one output row per sequence up front
+        params.n_ctx = max(n_ctx, n_batch)  # and caps n_batch at n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = min(n_batch, n_ubatch or n_batch)
+        params.n_seq_max = n_seq_max
+        params.n_threads = params.n_threads_batch = self.threads
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.kv_unified = True
+        params.type_k = params.type_v = KV_TYPES[kv_type]
+        params.no_perf = True
+        self.handle = llama_cpp.llama_init_from_model(model.handle, params)
+        if not self.handle:
+            raise OndeviceError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name} "
+                "(probably out of memory); lower the context size."
+            )
+        self.memory = llama_cpp.llama_get_memory(self.handle)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.handle))
+        self.n_batch = int(llama_cpp.llama_n_batch(self.handle))
+        self.n_seq_max = n_seq_max
+        self.n_vocab = model.n_vocab
+        self._batch = _Batch(self.n_batch, n_seq_max, model.n_embd if embeddings_input else 0)
+
+    # --- decoding -----------------------------------------------------------------------------
+    def decode(
+        self,
+        tokens: Sequence[int] | np.ndarray | None,
+        positions: Sequence[int] | np.ndarray,
+        seq_ids: Sequence[int] | Sequence[Sequence[int]] | np.ndarray,
+        outputs: Sequence[bool] | np.ndarray,
+        embeddings: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Decode one batch (at most n_batch tokens) in a single llama_decode call.
+
+        seq_ids: one sequence id per token, or a list of ids per token (a cell shared by sequences;
+        the first id decides what the token attends to). outputs: which rows get logits.
+        embeddings: (n, n_embd) float32 inputs instead of token ids (context made with embeddings_input).
+        Returns the (n_outputs, n_vocab) float32 logits as a view, valid until the next decode.
+        """
+        b = self._batch
+        n = len(positions)
+        if not 0 < n <= b.capacity:
+            raise ValueError(f"a batch holds 1 to {b.capacity} tokens, got {n}")
+        if embeddings is not None:
+            b.embd[:n] = embeddings
+        else:
+            b.token[:n] = tokens
+        b.pos[:n] = positions
+        b.logits[:n] = outputs
+        self._fill_seq_ids(seq_ids, n)
+        rc = llama_cpp.llama_decode(self.handle, b.as_llama_batch(n, embeddings is not None))
+        if rc == 1:
+            raise OndeviceError(
+                f"the llama.cpp context of {self.model.path.name} is full ({self.n_ctx} cells); "
+                "start a new chat or raise the context size."
+            )
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} (set ONDEVICE_LLAMA_LOG=1 for details)")
+        return self.logits(int(np.count_nonzero(b.logits[:n])))
+
+    def _fill_seq_ids(self, seq_ids, n: int) -> None:
+        b = self._batch
+        flat = seq_ids if isinstance(seq_ids, np.ndarray) else None
+        if flat is None and n > 0 and isinstance(seq_ids[0], (int, np.integer)):
+            flat = np.asarray(seq_ids)
+        if flat is not None:
+            if flat.min() < 0 or flat.max() >= self.n_seq_max:
+                raise ValueError(f"sequence ids must be in [0, {self.n_seq_max})")
+            b.seq_id[:n, 0] = flat
+            b.n_seq_id[:n] = 1
+            return
+        for i, ids in enumerate(seq_ids):
+            if not 0 < len(ids) <= self.n_seq_max or min(ids) < 0 or max(ids) >= self.n_seq_max:
+                raise ValueError(f"token {i}: sequence ids must be 1 to {self.n_seq_max} ids in [0, {self.n_seq_max})")
+            b.seq_id[i, : len(ids)] = ids
+            b.n_seq_id[i] = len(ids)
+
+    def logits(self, n_outputs: int) -> np.ndarray:
+        """The last decode's output rows, (n_outputs, n_vocab) float32, as a view of llama.cpp's buffer."""
+        if n_outputs == 0:
+            return np.zeros((0, self.n_vocab), np.float32)
+        ptr = llama_cpp.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.n_vocab))
+
+    # --- KV cache -----------------------------------------------------------------------------
+    def _check_seq(self, *seqs: int) -> None:
+        for s in seqs:  # llama.cpp asserts (aborts the process) on out-of-range ids
+            if not 0 <= s < self.n_seq_max:
+                raise ValueError(f"sequence id {s} outside [0, {self.n_seq_max})")
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        """Drop the cells of `seq` at positions [p0, p1) (-1: open end); seq -1 means every sequence."""
+        if seq >= 0:
+            self._check_seq(seq)
+        if not llama_cpp.llama_memory_seq_rm(self.memory, seq, p0, p1):
+            raise RuntimeError(f"llama.cpp refused to remove positions [{p0}, {p1}) of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Add `dst` to the cells of `src` at positions [p0, p1) (no data is copied)."""
+        self._check_seq(src, dst)
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        """Drop every cell that does not belong to `seq`."""
+        self._check_seq(seq)
+        llama_cpp.llama_memory_seq_keep(self.memory, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Largest position held by `seq`, -1 if it is empty."""
+        self._check_seq(seq)
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq))
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def close(self) -> None:
+        if getattr(self, "handle", None):
+            llama_cpp.llama_free(self.handle)
+            self.handle = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,132 @@
+"""LlamaTarget: a GGUF target in llama.cpp (CPU, or partly on a GPU with n_gpu_layers).
+
+Sequence 0 holds the committed tokens. `forward_tree` verifies a whole draft tree in ONE
+llama_decode: leaf i of the tree owns sequence i + 1, which first gets the committed cells
+(`seq_cp(0, i + 1)`, no data copied), and every node is tagged with the sequences of the leaves
+below it. A node's first sequence then holds exactly the committed tokens plus its root→node path
+at positions up to its own, which is the tree attention mask. `commit(path)` adds sequence 0 to the
+path's cells and drops the leaf sequences, which frees every other tree cell.
+
+A tree can have at most `max_tree_leaves` leaves (llama.cpp's sequence limit, minus sequence 0).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ondevice.errors import OndeviceError
+from ondevice.llama_backend import MAX_SEQUENCES, LlamaContext, LlamaModel
+from ondevice.tree import DraftTree
+
+MAIN_SEQ = 0
+
+
+def leaf_sequences(tree: DraftTree) -> list[list[int]]:
+    """For each node, the sequence ids (1 + leaf index) of the leaves below it; a leaf's own id first."""
+    seqs: list[list[int]] = [[] for _ in range(len(tree))]
+    for i, leaf in enumerate(tree.leaves()):
+        node = leaf
+        while node != -1:
+            seqs[node].append(i + 1)
+            node = int(tree.parents[node])
+    return seqs
+
+
+class LlamaTarget:
+    """Target protocol over llama.cpp: a KV cache of committed tokens, tree verification in one pass."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = 4096,
+        threads: int | None = None,
+        n_gpu_layers: int = 0,
+        max_tree_nodes: int = 2048,
+        n_ubatch: int = 512,
+        kv_type: str = "f32",
+    ):
+        self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers)
+        self.ctx = LlamaContext(
+            self.model, n_ctx=n_ctx, n_batch=min(max_tree_nodes, n_ctx), n_ubatch=n_ubatch, threads=threads, kv_type=kv_type
+        )
+        self.n_ctx = n_ctx
+        self.n_vocab = self.model.n_vocab
+        self.max_tree_nodes = self.ctx.n_batch
+        self.max_tree_leaves = MAX_SEQUENCES - 1
+        self._n_cached = 0
+        self._pending: tuple[DraftTree, list[list[int]]] | None = None  # the last verified tree, uncommitted
+
+    @property
+    def n_cached(self) -> int:
+        return self._n_cached
+
+    def truncate(self, n_tokens: int) -> None:
+        self._drop_tree()
+        n_tokens = max(0, min(n_tokens, self._n_cached))
+        self.ctx.seq_rm(MAIN_SEQ, n_tokens, -1)
+        self._n_cached = n_tokens
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self._drop_tree()
+        tokens = np.asarray(tokens, dtype=np.int32)
+        self._check_room(len(tokens), "prompt")
+        step = self.ctx.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            pos = self._n_cached + np.arange(len(chunk))
+            self.ctx.decode(chunk, pos, np.zeros(len(chunk), np.int32), np.zeros(len(chunk), bool))
+            self._n_cached += len(chunk)
+
+    def forward_tree(self, tree: DraftTree) -> np.ndarray:
+        self._drop_tree()
+        if len(tree) > self.max_tree_nodes:
+            raise OndeviceError(
+                f"a draft tree of {len(tree)} nodes is more than this target verifies in one pass "
+                f"({self.max_tree_nodes}); lower the draft budget."
+            )
+        self._check_room(len(tree), "draft tree")
+        seqs = leaf_sequences(tree)
+        n_leaves = len(seqs[0])
+        if n_leaves > self.max_tree_leaves:
+            raise OndeviceError(
+                f"a draft tree with {n_leaves} leaves is more than llama.cpp verifies in one pass "
+                f"({self.max_tree_leaves}); lower the draft budget."
+            )
+        for seq in range(1, n_leaves + 1):
+            self.ctx.seq_cp(MAIN_SEQ, seq, -1, -1)
+        self._pending = (tree, seqs)
+        positions = self._n_cached + tree.depths
+        logits = self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool))
+        return np.array(logits)  # own copy: llama.cpp reuses its buffer on the next decode
+
+    def commit(self, path: Sequence[int]) -> None:
+        if self._pending is None:
+            raise RuntimeError("commit() needs a forward_tree() first")
+        tree, seqs = self._pending
+        path = [int(n) for n in path]
+        if not path or path[0] != 0 or any(tree.parents[b] != a for a, b in zip(path, path[1:])):
+            raise ValueError(f"{path} is not a root-first path of the verified tree")
+        start = self._n_cached
+        self.ctx.seq_cp(seqs[path[-1]][0], MAIN_SEQ, start, start + len(path))
+        self._drop_tree()
+        self._n_cached += len(path)
+
+    def _drop_tree(self) -> None:
+        if self._pending is not None:
+            for seq in range(1, len(self._pending[1][0]) + 1):
+                self.ctx.seq_rm(seq, -1, -1)
+            self._pending = None
+
+    def _check_room(self, n_new: int, what: str) -> None:
+        if self._n_cached + n_new > self.n_ctx:
+            raise OndeviceError(
+                f"the {what} does not fit the target's context ({self._n_cached} + {n_new} > {self.n_ctx} tokens); "
+                "start a new chat or raise the context size."
+            )
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()

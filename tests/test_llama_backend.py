@@ -1,0 +1,177 @@
+"""llama_backend: file checks, the AMX crash guard, quiet logging, decoding and KV-cache operations."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ondevice import llama_backend as lb
+from ondevice.errors import OndeviceError
+from tiny_models import write_tiny_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", arch="qwen2")
+
+
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter, so a segfault fails a test instead of killing pytest."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=300
+    )
+
+
+# --- user errors ------------------------------------------------------------------------------
+
+
+def test_missing_file_is_one_clear_sentence(tmp_path):
+    with pytest.raises(OndeviceError, match="does not exist; run `ondevice download`"):
+        lb.LlamaModel(tmp_path / "nope.gguf")
+
+
+def test_file_without_gguf_magic_is_rejected_before_llama_cpp(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"<html>not found</html>" * 10)
+    with pytest.raises(OndeviceError, match="not a GGUF model file"):
+        lb.load_model(bad)
+
+
+def test_truncated_gguf_is_an_error_not_a_crash(tiny_gguf, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[:4000])
+    with pytest.raises(OndeviceError, match="could not load"):
+        lb.LlamaModel(cut)
+
+
+def test_bad_context_settings_are_errors(tiny_gguf):
+    model = lb.LlamaModel(tiny_gguf)
+    with pytest.raises(OndeviceError, match="KV cache type"):
+        lb.LlamaContext(model, n_ctx=64, kv_type="q4")
+    with pytest.raises(OndeviceError, match="sequences per context"):
+        lb.LlamaContext(model, n_ctx=64, n_seq_max=lb.MAX_SEQUENCES + 1)
+
+
+# --- crash guard ------------------------------------------------------------------------------
+
+
+def test_amx_detection_matches_cpu_flags():
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if any(f.startswith("amx") for f in flags):
+        assert lb.cpu_has_amx()
+
+
+DECODE_EIGHT_TOKENS = """
+    import sys, numpy as np
+    from ondevice import llama_backend as lb
+    model = lb.LlamaModel(sys.argv[1] if len(sys.argv) > 1 else {path!r})
+    ctx = lb.LlamaContext(model, n_ctx=256, n_batch=256, threads=2)
+    logits = ctx.decode(np.arange(100, 108), np.arange(8), np.zeros(8, np.int32), np.ones(8, bool))
+    assert logits.shape == (8, model.n_vocab) and np.isfinite(logits).all()
+    print("decoded", logits.shape)
+"""
+
+
+@pytest.mark.real
+def test_guarded_load_decodes_a_batch_of_quantized_gguf(real_pair):
+    result = run_python(DECODE_EIGHT_TOKENS.format(path=str(real_pair.drafter)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "decoded (8, 151936)" in result.stdout
+
+
+UNGUARDED = """
+    import llama_cpp as L
+    L.llama_backend_init()
+    mp = L.llama_model_default_params(); mp.use_extra_bufts = True; mp.n_gpu_layers = 0
+    m = L.llama_model_load_from_file({path!r}.encode(), mp)
+    cp = L.llama_context_default_params(); cp.n_ctx = 256; cp.n_threads = cp.n_threads_batch = 2
+    ctx = L.llama_init_from_model(m, cp)
+    b = L.llama_batch_init(8, 0, 1); b.n_tokens = 8
+    for i in range(8):
+        b.token[i] = 100 + i; b.pos[i] = i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0; b.logits[i] = i == 7
+    print("rc", L.llama_decode(ctx, b))
+"""
+
+
+@pytest.mark.real
+def test_without_the_guard_this_cpu_crashes(real_pair):
+    """Shows the guard is needed here: the default load segfaults on an 8-token batch with AMX."""
+    if not lb.cpu_has_amx():
+        pytest.skip("this CPU has no AMX: the unguarded load does not crash here")
+    result = run_python(UNGUARDED.format(path=str(real_pair.drafter)), env={"GGML_NO_BACKTRACE": "1"})
+    assert result.returncode == -signal.SIGSEGV, (
+        f"expected the unguarded AMX path to segfault, got exit code {result.returncode}; is the guard still needed?"
+    )
+
+
+# --- logging ----------------------------------------------------------------------------------
+
+
+def test_llama_logs_are_silent_by_default_and_can_be_turned_on(tiny_gguf):
+    quiet = run_python(DECODE_EIGHT_TOKENS.format(path=str(tiny_gguf)))
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr.strip() == ""
+    loud = run_python(DECODE_EIGHT_TOKENS.format(path=str(tiny_gguf)), env={"ONDEVICE_LLAMA_LOG": "1"})
+    assert "llama" in loud.stderr
+
+
+# --- decoding and the KV cache ----------------------------------------------------------------
+
+
+def test_logits_are_a_view_of_the_requested_rows(tiny_gguf):
+    model = lb.LlamaModel(tiny_gguf)
+    ctx = lb.LlamaContext(model, n_ctx=128, n_seq_max=4, n_batch=32, threads=1)
+    tokens = np.array([5, 17, 99, 3])
+    logits = ctx.decode(tokens, np.arange(4), [0, 0, 0, 0], [False, True, False, True])
+    assert logits.shape == (2, model.n_vocab) and logits.dtype == np.float32
+    assert not logits.flags.owndata  # no copy of llama.cpp's buffer
+    assert ctx.seq_pos_max(0) == 3
+    # one-token decode after rolling back reproduces row 3
+    row3 = np.array(logits[1])
+    ctx.seq_rm(0, 3, -1)
+    again = ctx.decode([3], [3], [0], [True])
+    np.testing.assert_allclose(again[0], row3, atol=1e-4)
+
+
+def test_shared_cells_serve_two_sequences(tiny_gguf):
+    """A cell tagged with two sequence ids is seen by both; each branch sees only its own tokens."""
+    model = lb.LlamaModel(tiny_gguf)
+    ctx = lb.LlamaContext(model, n_ctx=128, n_seq_max=4, n_batch=32, threads=1)
+    # prefix [7, 8] shared by seqs 1 and 2, then branch 1 gets 40, branch 2 gets 41
+    logits = ctx.decode([7, 8, 40, 41], [0, 1, 2, 2], [[1, 2], [1, 2], [1], [2]], [0, 0, 1, 1])
+    branches = np.array(logits)
+    for row, last in zip(branches, (40, 41)):
+        ref = lb.LlamaContext(model, n_ctx=128, n_seq_max=1, n_batch=32, threads=1)
+        expected = ref.decode([7, 8, last], [0, 1, 2], [0, 0, 0], [0, 0, 1])[0]
+        np.testing.assert_allclose(row, expected, atol=1e-4)
+    ctx.seq_cp(1, 3, -1, 2)  # the shared prefix only
+    assert ctx.seq_pos_max(3) == 1
+    ctx.seq_keep(3)  # drops every other cell, and every other id from the kept cells
+    assert ctx.seq_pos_max(3) == 1 and ctx.seq_pos_max(1) == -1 and ctx.seq_pos_max(2) == -1
+
+
+def test_out_of_range_sequence_ids_raise_instead_of_aborting(tiny_gguf):
+    model = lb.LlamaModel(tiny_gguf)
+    ctx = lb.LlamaContext(model, n_ctx=64, n_seq_max=2, n_batch=8, threads=1)
+    with pytest.raises(ValueError):
+        ctx.seq_cp(0, 2)
+    with pytest.raises(ValueError):
+        ctx.decode([1], [0], [5], [True])
+
+
+def test_full_context_is_an_ondevice_error(tiny_gguf):
+    model = lb.LlamaModel(tiny_gguf)
+    ctx = lb.LlamaContext(model, n_ctx=256, n_seq_max=1, n_batch=256, threads=1)
+    ctx.decode(np.arange(200), np.arange(200), np.zeros(200, np.int32), np.zeros(200, bool))
+    with pytest.raises(OndeviceError, match="is full"):
+        ctx.decode(np.arange(100), 200 + np.arange(100), np.zeros(100, np.int32), np.zeros(100, bool))
