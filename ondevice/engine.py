@@ -40,6 +40,7 @@ class Stats:
     total_seconds: float = 0.0
     finish_reason: str = ""
     accepted_per_pass: list[int] = field(default_factory=list)
+    spec: DraftSpec | None = None  # how this answer was drafted (None: target alone)
 
     @property
     def tokens_per_pass(self) -> float:
@@ -74,6 +75,7 @@ class SpecEngine:
         self.drafter = drafter
         self.is_end = is_end
         self.cached: list[int] = []  # the tokens whose KV the target holds, in order
+        self.on_verify: Callable[[DraftTree, list[int]], None] | None = None  # e.g. acceptance tracking
 
     def _sync_prompt(self, prompt: Sequence[int], stats: Stats) -> None:
         """Make the target cache hold prompt[:-1] (prompt[-1] becomes the first tree's root)."""
@@ -107,7 +109,7 @@ class SpecEngine:
         spec: DraftSpec | None = None,
         rule: str = "specexec",
     ) -> Iterator[Step | Stats]:
-        stats = Stats(prompt_tokens=len(prompt))
+        stats = Stats(prompt_tokens=len(prompt), spec=spec if self.drafter is not None else None)
         start = time.perf_counter()
         self._sync_prompt(prompt, stats)
         rng = np.random.default_rng(sampling.seed)
@@ -126,6 +128,8 @@ class SpecEngine:
             verdict = verify(tree, logits, sampling, rng, rule)
             self.target.commit(verdict.path)
             stats.verify_seconds += time.perf_counter() - t0
+            if self.on_verify is not None:
+                self.on_verify(tree, verdict.path)
             self.cached.extend(int(tree.tokens[i]) for i in verdict.path)
             stats.target_passes += 1
             stats.drafted_nodes += len(tree) - 1

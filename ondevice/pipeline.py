@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ondevice import catalog, hub
+from ondevice.autoplan import CPU_MAX_TREE, AutoPlanner
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.protocols import DraftSpec
@@ -49,6 +50,20 @@ class Pipeline:
     target_backend: str
     placement: str = ""
     info: dict = field(default_factory=dict)
+    backends: "ProfileBackends | None" = None
+    planner: AutoPlanner | None = None
+
+    def resolve(self, spec: DraftSpec | None, sampling: Sampling) -> DraftSpec | None:
+        """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only)."""
+        if spec is None or spec.builder != "auto" or self.engine.drafter is None:
+            return spec if self.engine.drafter is not None else None
+        if self.planner is None:
+            self.planner = AutoPlanner(self.backends)
+            self.engine.on_verify = self.planner.observe
+        planned = self.planner.spec(sampling)
+        if planned is not None and spec.budget > 0:  # --budget given: the planner's builder at that budget
+            planned = DraftSpec(planned.builder, spec.budget, planned.temperature, planned.sample_children, planned.seed)
+        return planned
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         return self.tokenizer.encode(self.tokenizer.render_chat(messages), add_special=False, parse_special=True)
@@ -60,10 +75,13 @@ class Pipeline:
         self, prompt_ids: list[int], max_tokens: int = 256, sampling: Sampling = Sampling(), spec: DraftSpec | None = None, rule: str = "specexec"
     ) -> Iterator[Record]:
         decoder = StreamDecoder(self.tokenizer)
+        spec = self.resolve(spec, sampling)
         for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule):
             if isinstance(item, Step):
                 yield Record(decoder.push(item.tokens), item.tokens, item.from_draft)
             else:
+                if self.planner is not None:
+                    self.planner.finish(item)
                 yield Record(decoder.flush(), [], 0, stats=item)
 
     def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:
@@ -115,4 +133,34 @@ def load(pair: str | None = None, **kwargs) -> Pipeline:
     backend = _pick_backend(opts.target_backend)
     target = _load_target(backend, files.target, opts, threads)
     engine = SpecEngine(target, drafter, tokenizer.is_end)
-    return Pipeline(spec, tokenizer, engine, backend, info={"threads": threads})
+    backends = _profile_backends(spec, files, backend, threads, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
+    return Pipeline(spec, tokenizer, engine, backend, info={"threads": threads}, backends=backends)
+
+
+def _profile_backends(pair, files, backend: str, threads: int, make_target, make_decode_batch):
+    from ondevice.profile_store import ProfileBackends
+    import torch
+
+    on_gpu = backend == "torch" and torch.cuda.is_available()
+    return ProfileBackends(
+        pair=pair.name, backend=f"{backend}-{'cuda' if on_gpu else 'cpu'}-t{threads}",
+        model_files=[(files.target, pair.target.sha256), (files.drafter, pair.drafter.sha256)],
+        make_target=make_target, make_decode_batch=make_decode_batch, overlap_possible=on_gpu,
+        max_tree=2048 if on_gpu else CPU_MAX_TREE,
+    )
+
+
+def load_backends(pair: str | None = None, target_backend: str = "auto", threads: int | None = None, n_ctx: int = 4096):
+    """What `ondevice profile` measures: the pair's files and factories for its target and drafter."""
+    spec = catalog.load_pair(pair)
+    files = hub.ensure_pair(spec, announce_cached=False)
+    threads = threads or default_threads()
+    backend = _pick_backend(target_backend)
+    opts = LoadOptions(pair=pair, target_backend=backend, threads=threads, n_ctx=n_ctx)
+
+    def make_decode_batch():
+        from ondevice.draft.llama_drafter import LlamaDrafter
+
+        return LlamaDrafter(files.drafter, n_ctx=n_ctx, threads=threads).probe_batch
+
+    return _profile_backends(spec, files, backend, threads, lambda: _load_target(backend, files.target, opts, threads), make_decode_batch)

@@ -57,6 +57,7 @@ class ProfileBackends:
     make_target: Callable[[], object]  # -> protocols.Target
     make_decode_batch: Callable[[], Callable[[int], None]]  # -> one drafter call over a batch of n tokens
     overlap_possible: bool = False  # drafter (CPU) and target (GPU) can run at the same time
+    max_tree: int = 2048  # largest target pass to time (CPU targets: smaller, their curve is steep)
 
 
 @dataclass
@@ -122,7 +123,7 @@ def measure_profile(backends: ProfileBackends, show: bool = True, context_tokens
     h2d, d2h = measure_pinned_bandwidth() if facts.gpus else (None, None)
 
     target = backends.make_target()
-    ns = powers_of_two(min(2048, target.n_ctx - context_tokens))
+    ns = powers_of_two(min(backends.max_tree, target.n_ctx - context_tokens))
     target_curve = measure_target_curve(target, ns, context_tokens, show=show)
     del target  # one model in memory at a time
     gc.collect()

@@ -43,3 +43,7 @@ app.command("models")(download_cmd.models)
 from ondevice.cli import bench_cmd  # noqa: E402
 
 app.command("bench")(bench_cmd.bench)
+
+from ondevice.cli import profile_cmd  # noqa: E402
+
+app.command("profile")(profile_cmd.profile)

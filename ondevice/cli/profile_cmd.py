@@ -22,11 +22,15 @@ Refresh = Annotated[bool, typer.Option("--refresh", help="Measure again even if 
 console = Console(highlight=False)
 
 
-def profile(model: opt.Model = None, as_json: opt.Json = False, refresh: Refresh = False) -> None:
+def profile(
+    model: opt.Model = None, target_backend: opt.TargetBackend = "auto", threads: opt.Threads = None,
+    as_json: opt.Json = False, refresh: Refresh = False,
+) -> None:
     """Show this machine's facts, bandwidths and latency curves, and the draft plan they imply."""
     from ondevice.pipeline import load_backends  # the pipeline chooses the backends (one place)
 
-    show_profile(load_backends(opt.default_model(model)), as_json=as_json, refresh=refresh)
+    backends = load_backends(opt.default_model(model), target_backend=target_backend, threads=threads)
+    show_profile(backends, as_json=as_json, refresh=refresh)
 
 
 def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool = False, out: Console = console) -> Profile:

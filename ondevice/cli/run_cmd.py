@@ -11,6 +11,7 @@ from rich.console import Console
 from ondevice.cli import options as opt
 from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
+from ondevice.optimizer import plan_as_dict as plan_dict
 from ondevice.protocols import BUILDERS, DraftSpec
 from ondevice.verify import Sampling
 
@@ -23,8 +24,10 @@ DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8}
 def make_spec(tree: str, budget: int | None, no_draft: bool, sampling: Sampling) -> DraftSpec | None:
     if no_draft:
         return None
-    if tree == "auto":
-        tree = "chain"  # TODO(planner): replaced by the hardware-aware planner
+    if tree == "auto":  # the pipeline's planner picks builder and budget for this machine
+        if budget is not None and not 1 <= budget <= 2048:
+            raise OndeviceError(f"--budget must be between 1 and 2048 (got {budget}).")
+        return DraftSpec(builder="auto", budget=budget or 0, temperature=sampling.temperature, seed=sampling.seed)
     if tree not in BUILDERS:
         raise OndeviceError(f"unknown tree builder {tree!r}; choose one of {', '.join(BUILDERS + ('auto',))}.")
     budget = DEFAULT_BUDGET[tree] if budget is None else budget
@@ -33,7 +36,7 @@ def make_spec(tree: str, budget: int | None, no_draft: bool, sampling: Sampling)
     return DraftSpec(builder=tree, budget=budget, temperature=sampling.temperature, seed=sampling.seed)
 
 
-def stats_line(stats: Stats) -> str:
+def stats_line(stats: Stats, plan=None) -> str:
     busy = stats.draft_seconds + stats.verify_seconds + max(stats.overhead_seconds, 0.0)
     split = ""
     if busy > 0:
@@ -44,6 +47,8 @@ def stats_line(stats: Stats) -> str:
     return (
         f"{stats.tokens} tokens · {stats.tokens_per_second:.1f} tok/s · {stats.tokens_per_pass:.2f} tokens/pass"
         f" over {stats.target_passes} target passes{split} · prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s"
+        + (f" · {stats.spec.builder} @{stats.spec.budget}" if stats.spec else " · target alone")
+        + (f" (planner fallback: {plan.fallback_reason})" if plan is not None and plan.fallback_reason else "")
     )
 
 
@@ -91,13 +96,14 @@ def generate(
             sys.stdout.write(rec.text)
             sys.stdout.flush()
     if as_json:
-        print(json.dumps(result_json(pipe, ids, "".join(text), token_ids, stats, spec)))
+        print(json.dumps(result_json(pipe, ids, "".join(text), token_ids, stats)))
     else:
         print()
-        err.print(f"[dim]{stats_line(stats)}[/]")
+        err.print(f"[dim]{stats_line(stats, pipe.planner.plan if pipe.planner else None)}[/]")
 
 
-def result_json(pipe, prompt_ids, text, token_ids, stats: Stats, spec: DraftSpec | None) -> dict:
+def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:
+    spec, plan = stats.spec, pipe.planner.plan if pipe.planner else None
     return {
         "text": text,
         "prompt_token_ids": prompt_ids,
@@ -115,4 +121,5 @@ def result_json(pipe, prompt_ids, text, token_ids, stats: Stats, spec: DraftSpec
         "budget": spec.budget if spec else 0,
         "target_backend": pipe.target_backend,
         "model": pipe.pair.name,
+        "plan": plan_dict(plan) if plan else None,
     }
