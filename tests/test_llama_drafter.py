@@ -236,6 +236,15 @@ def test_huge_budget_releases_dead_branches(tiny_drafter):
     assert tiny_drafter.cache.free_capacity() > 0
 
 
+def test_best_first_stops_gracefully_when_llama_cpp_runs_out_of_sequences(tiny_drafter):
+    """A flat distribution keeps > 255 expanded branches alive: drafting ends with the best found so far."""
+    tree = tiny_drafter.draft([3, 1, 4, 1, 5], DraftSpec(builder="best-first", budget=1500, temperature=50.0))
+    assert len(tree) == 1501
+    assert tiny_drafter.cache.free_capacity() == 0 and len(tiny_drafter.cache.path_end) == tiny_drafter.ctx.n_seq_max - 1
+    next_tree = tiny_drafter.draft([3, 1, 4, 1, 5, 9], DraftSpec(builder="chain", budget=3))  # the next round is fine
+    assert len(next_tree) == 4
+
+
 def test_probe_batch_leaves_the_cache_as_it_was(tiny_drafter):
     tiny_drafter.draft([5, 6, 7], DraftSpec(builder="chain", budget=2))
     tiny_drafter.probe_batch(32)

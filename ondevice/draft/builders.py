@@ -9,7 +9,8 @@ KV cache) to decode batches of nodes; every node decoded in one call is one llam
               best nodes; stop when no unexpanded kept node can have a child that enters the top
               `budget`. Each expansion proposes its top-min(budget, vocab) children, so (up to
               batch noise) the result is exactly the `budget` most likely nodes of the drafter's
-              full tree, whatever the batching.
+              full tree, whatever the batching. (If more than 255 expanded branches are alive at
+              once, llama.cpp has no sequence ids left and the search ends with what it has.)
 - multi-seq:  θ = p₁,₁·p₂,₁ (top-1 probs at the first two positions of the greedy chain); the
               first-position candidates with probability above θ (at most 8) each start a sequence,
               all drafted greedily in lockstep (one decode per step), `budget // n_seqs` tokens each.

@@ -77,7 +77,8 @@ class LlamaDrafter:
         check_spec(spec)
         if not 0 < len(context) <= self.n_ctx:
             raise OndeviceError(
-                f"the drafter holds 1 to {self.n_ctx} context tokens, got {len(context)}; start a new chat or raise the context size."
+                f"the drafter holds 1 to {self.n_ctx} context tokens, got {len(context)}; "
+                "start a new chat or raise the context size."
             )
         root_logits = self.cache.sync(context)
         r = Round(spec, int(context[-1]), self.cache)

@@ -125,8 +125,9 @@ class DraftKV:
             raise RuntimeError("not enough free sequence ids for this batch (check free_capacity)")
         seqs = [self._place(tree, n) for n in nodes]
         positions = [self.root_pos + tree.depths[n] for n in nodes]
+        tokens = [tree.tokens[n] for n in nodes]
         try:
-            return self.ctx.decode([tree.tokens[n] for n in nodes], positions, np.asarray(seqs, np.int32), np.ones(len(nodes), bool))
+            return self.ctx.decode(tokens, positions, np.asarray(seqs, np.int32), np.ones(len(nodes), bool))
         except BaseException:
             self.reset()
             raise
