@@ -115,6 +115,13 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int):
     from ondevice.target.torch_target import TorchTarget
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") or opts.gpu_memory or opts.ram_memory:  # place layers within the budgets
+        from ondevice.offload.target import load_offloaded_target
+
+        return load_offloaded_target(
+            path, device, n_ctx=opts.n_ctx, threads=threads, gpu_memory=opts.gpu_memory, ram_memory=opts.ram_memory,
+            max_tree=2048 if device.startswith("cuda") else CPU_MAX_TREE,
+        )
     return TorchTarget.from_gguf(path, device=device, n_ctx=opts.n_ctx, threads=threads)
 
 
@@ -134,7 +141,8 @@ def load(pair: str | None = None, **kwargs) -> Pipeline:
     target = _load_target(backend, files.target, opts, threads)
     engine = SpecEngine(target, drafter, tokenizer.is_end)
     backends = _profile_backends(spec, files, backend, threads, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
-    return Pipeline(spec, tokenizer, engine, backend, info={"threads": threads}, backends=backends)
+    placement = target.placement_summary() if backend == "torch" else "all layers on CPU (llama.cpp)"
+    return Pipeline(spec, tokenizer, engine, backend, placement=placement, info={"threads": threads}, backends=backends)
 
 
 def _profile_backends(pair, files, backend: str, threads: int, make_target, make_decode_batch):

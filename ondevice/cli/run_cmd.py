@@ -100,6 +100,8 @@ def generate(
     else:
         print()
         err.print(f"[dim]{stats_line(stats, pipe.planner.plan if pipe.planner else None)}[/]")
+        if getattr(pipe.engine.target, "streamer", None) is not None:
+            err.print(f"[dim]{pipe.engine.target.placement_summary()}[/]")
 
 
 def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:
@@ -122,4 +124,17 @@ def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:
         "target_backend": pipe.target_backend,
         "model": pipe.pair.name,
         "plan": plan_dict(plan) if plan else None,
+        **placement_json(pipe.engine.target),
+    }
+
+
+def placement_json(target) -> dict:
+    """Where the target's layers live (ollama `ps` style) and the bytes streamed per pass."""
+    placement = getattr(target, "placement", None)
+    if placement is None:
+        return {"placement": {"on_device": "all", "from_ram": 0, "from_disk": 0}, "bytes_streamed_per_pass": 0}
+    return {
+        "placement": {"on_device": len(placement.on_device), "from_ram": len(placement.from_ram), "from_disk": len(placement.from_disk),
+                      "summary": target.placement_summary()},
+        "bytes_streamed_per_pass": placement.bytes_per_pass,
     }

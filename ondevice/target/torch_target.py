@@ -12,7 +12,7 @@ Default dtype: see `default_dtype` (fp32 on CPU, measured).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +21,10 @@ from ondevice.errors import OndeviceError
 from ondevice.target import weights
 from ondevice.target.torch_model import ModelArgs, Transformer
 from ondevice.tree import DraftTree
+
+if TYPE_CHECKING:
+    from ondevice.offload.placement import Placement
+    from ondevice.offload.streamer import LayerStreamer
 
 PREFILL_CHUNK = 256  # tokens per prefill pass: bounds the activations' memory, costs nothing in speed
 
@@ -46,6 +50,10 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 class TorchTarget:
     """Target protocol over `Transformer`: a preallocated KV cache, one pass per draft tree."""
 
+    # Set by `ondevice.offload.target.load_offloaded_target`; None: every layer is resident.
+    placement: Placement | None = None
+    streamer: LayerStreamer | None = None
+
     def __init__(self, model: Transformer, n_ctx: int = 4096):
         self.model = model.eval()
         self.args: ModelArgs = model.args
@@ -67,7 +75,7 @@ class TorchTarget:
         (fp32 by default: fp32 logits, no bf16 ties); threads: torch.set_num_threads (process-wide).
         """
         dtype = dtype or default_dtype(device)
-        _set_threads(threads)
+        set_threads(threads)
         args, state_dict = weights.load_gguf(path, dtype, head_dtype)
         return cls(Transformer.from_state_dict(args, state_dict, device), n_ctx)
 
@@ -77,7 +85,7 @@ class TorchTarget:
     ) -> "TorchTarget":
         """Load a Hugging Face checkpoint folder (config.json + *.safetensors); arguments as from_gguf."""
         dtype = dtype or default_dtype(device)
-        _set_threads(threads)
+        set_threads(threads)
         args, state_dict = weights.load_hf(folder, dtype, head_dtype)
         return cls(Transformer.from_state_dict(args, state_dict, device), n_ctx)
 
@@ -127,6 +135,24 @@ class TorchTarget:
         self._n_cached += len(path)
         self._tree_parents = np.zeros(0, dtype=np.int64)
 
+    # --- where the layers live ---------------------------------------------------------------
+    def placement_summary(self) -> str:
+        """'28 layers: 7 on GPU, 21 streamed from RAM, 0 from disk; 700 MB moved per pass', then
+        what the streamer measured: bytes per pass, copy bandwidth, compute stalls."""
+        kind = "GPU" if self.device.type == "cuda" else "CPU"
+        if self.placement is None:
+            return f"{self.args.n_layers} layers: all on {kind}"
+        text = self.placement.describe()
+        if self.streamer is not None and self.streamer.stats.passes:
+            text += f"; measured {self.streamer.collect_stats().summary()}"
+        return text
+
+    def close(self) -> None:
+        """Stop the streamer's threads; an offloaded target cannot run afterwards."""
+        if self.streamer is not None:
+            self.streamer.close()
+            self.streamer = None
+
     # --- helpers ------------------------------------------------------------------------------
     def _is_root_path(self, path: np.ndarray) -> bool:
         parents = self._tree_parents
@@ -142,6 +168,6 @@ class TorchTarget:
             )
 
 
-def _set_threads(threads: int | None) -> None:
+def set_threads(threads: int | None) -> None:
     if threads is not None:
         torch.set_num_threads(threads)

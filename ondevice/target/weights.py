@@ -19,6 +19,8 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -28,7 +30,7 @@ from ondevice.target.torch_model import ModelArgs
 SUPPORTED_ARCHS = ("llama", "qwen2")
 
 # GGUF tensor name -> ours; "{i}" is the layer index
-_GGUF_NAMES = {
+GGUF_NAMES = {
     "token_embd.weight": "tok_embeddings.weight",
     "output_norm.weight": "norm.weight",
     "output.weight": "output.weight",
@@ -45,6 +47,8 @@ _GGUF_NAMES = {
     "blk.{i}.ffn_up.weight": "layers.{i}.feed_forward.w_up.weight",
     "blk.{i}.ffn_down.weight": "layers.{i}.feed_forward.w_down.weight",
 }
+
+_GGUF_NAMES = GGUF_NAMES  # the table's former private name, kept for existing callers
 
 # Hugging Face tensor name -> ours
 _HF_NAMES = {
@@ -80,7 +84,8 @@ def _rename(name: str, table: dict[str, str]) -> str | None:
 # --- GGUF ------------------------------------------------------------------------------------------
 
 
-def _open_gguf(path: str | Path):
+def open_gguf(path: str | Path):
+    """A gguf.GGUFReader of the file, or a one-line OndeviceError (missing, not a GGUF)."""
     import gguf
 
     path = Path(path).expanduser()
@@ -162,16 +167,19 @@ def _converted(name: str, w: torch.Tensor, dtype, head_dtype, copy_head: bool):
         yield "output.weight", w.to(head_dtype or dtype)
 
 
-def iter_gguf_weights(reader, args: ModelArgs, dtype=torch.float32, head_dtype=torch.float32):
+def iter_gguf_weights(
+    reader, args: ModelArgs, dtype=torch.float32, head_dtype=torch.float32, keep: Callable[[str], bool] | None = None
+):
     """Yield (our name, tensor) for every tensor of the model, dequantized one at a time.
 
     `args` as returned by `load_gguf` (after `untie_for_head_dtype`): if it says untied while the
     file has no output.weight, the embedding matrix is yielded a second time as the head.
+    keep(our name) False: the tensor is skipped, never dequantized (e.g. layers that will stream).
     """
     copy_head = not args.tie_embeddings and not any(t.name == "output.weight" for t in reader.tensors)
     for tensor in reader.tensors:
-        name = _rename(tensor.name, _GGUF_NAMES)
-        if name is None:
+        name = _rename(tensor.name, GGUF_NAMES)
+        if name is None or (keep is not None and not keep(name)):
             continue  # e.g. rope_freqs.weight, already read into args
         w = _dequantize(tensor)
         if args.arch == "llama" and name.endswith(("wq.weight", "wq.bias")):
@@ -183,7 +191,7 @@ def iter_gguf_weights(reader, args: ModelArgs, dtype=torch.float32, head_dtype=t
 
 def load_gguf(path: str | Path, dtype=torch.float32, head_dtype=torch.float32) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
     """A GGUF file -> (ModelArgs, state_dict); head_dtype None: the LM head in dtype like the rest."""
-    reader = _open_gguf(path)
+    reader = open_gguf(path)
     args, _ = untie_for_head_dtype(gguf_model_args(reader), dtype, head_dtype)
     return args, dict(iter_gguf_weights(reader, args, dtype, head_dtype))
 

@@ -1,0 +1,154 @@
+"""A `TorchTarget` larger than its device: some decoder layers resident, the others streamed.
+
+    target = load_offloaded_target("model.gguf", "cuda", gpu_memory="6GiB", ram_memory="2GiB")
+    target.placement_summary()  # '28 layers: 7 on GPU, 21 streamed from RAM, 0 from disk; …'
+
+Embeddings, final norm, LM head and the KV cache always stay on the device; `plan_placement`
+decides which layers fit beside them. Streamed layers travel as their GGUF blocks, exactly the
+bytes of the file, and are dequantized on the device after each transfer (`layout.unpack`); they are
+never dequantized on the host. The blocks decode bit-identically to gguf's numpy dequantizer, so the
+target computes what `TorchTarget.from_gguf` of the same file and dtype computes: the same logits.
+
+Everything that can fail on the user's input (missing file, budget below the resident minimum, RAM
+below the disk tier's staging) fails in `plan_offload`, before any tensor is dequantized, as one
+line of OndeviceError; so does a file that vanishes later, when its layers are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ondevice.errors import OndeviceError
+from ondevice.offload.build import gguf_names_from_table, offload_blocks, plan_for
+from ondevice.offload.layout import GGUFTensorInfo, LayerLayout, layout_from_gguf
+from ondevice.offload.placement import Placement
+from ondevice.target import weights
+from ondevice.target.torch_model import ModelArgs, Transformer, rope_inv_freq
+from ondevice.target.torch_target import PREFILL_CHUNK, TorchTarget, default_dtype, set_threads
+
+LAYER_NAMES = gguf_names_from_table(weights.GGUF_NAMES)  # block i's parameter → its GGUF tensor
+
+
+@dataclass
+class OffloadPlan:
+    path: Path
+    reader: object  # gguf.GGUFReader of path
+    args: ModelArgs
+    model: Transformer  # on the meta device: shapes and dtypes only
+    layouts: dict[int, LayerLayout]  # layer → its GGUF blocks as transferred
+    resident_bytes: int  # what stays on the device whatever the placement
+    placement: Placement
+
+
+def load_offloaded_target(
+    path,
+    device=None,
+    dtype=None,
+    n_ctx: int = 4096,
+    threads: int | None = None,
+    gpu_memory: str | None = None,
+    ram_memory: str | None = None,
+    *,
+    head_dtype=torch.float32,
+    max_tree: int = PREFILL_CHUNK,
+) -> TorchTarget:
+    """A GGUF (qwen2 or llama) as a TorchTarget on `device` within the memory budgets.
+
+    device: "cuda" / "cpu" (default: cuda when available; on "cpu" the budget is CPU memory and the
+    streaming runs the same way, through a copy thread). dtype, head_dtype, threads: as
+    `TorchTarget.from_gguf`. gpu_memory: the device budget ("6GiB"; default: free memory minus a
+    margin); ram_memory: host memory for streamed layers, the rest streams from disk (default:
+    available RAM minus a margin). max_tree: the largest draft tree verified in one pass (its
+    logits and attention scores are part of the resident minimum).
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or default_dtype(device)
+    set_threads(threads)
+    plan = plan_offload(path, device, dtype, n_ctx, gpu_memory, ram_memory, head_dtype=head_dtype, max_tree=max_tree)
+    model, placement = plan.model, plan.placement
+
+    def keep(name: str) -> bool:  # only what stays on the device is dequantized here
+        return not name.startswith("layers.") or int(name.split(".")[1]) in placement.on_device
+
+    # each tensor goes to the device as soon as it is dequantized: host memory holds one at a time
+    tensors = weights.iter_gguf_weights(plan.reader, plan.args, dtype, head_dtype, keep)
+    loaded = {name: w.to(device) for name, w in tensors}
+    _assign(model, loaded, placement)
+    model.inv_freq = rope_inv_freq(plan.args).to(device)
+    try:
+        streamer = offload_blocks(model.layers, placement, device, plan.layouts, model_path=str(plan.path), check=False)
+    except (OSError, EOFError) as err:  # the file vanished or shrank since it was planned
+        why = getattr(err, "strerror", None) or err
+        raise OndeviceError(f"Cannot read the layers to stream from {plan.path} ({why}): download it again.") from err
+    target = TorchTarget(model, n_ctx)
+    target.placement, target.streamer = placement, streamer
+    return target
+
+
+def plan_offload(
+    path, device, dtype, n_ctx: int, gpu_memory, ram_memory, *, head_dtype=torch.float32, max_tree: int = PREFILL_CHUNK
+) -> OffloadPlan:
+    """Where each layer goes, from the file's metadata alone (nothing is dequantized)."""
+    path = Path(path).expanduser()
+    reader = weights.open_gguf(path)
+    args, _ = weights.untie_for_head_dtype(weights.gguf_model_args(reader), dtype, head_dtype)
+    with torch.device("meta"):
+        model = Transformer(args).to(dtype)
+    if model.output is not None:
+        model.output.to(head_dtype)
+    index = _tensor_index(reader)
+    unpermute = _llama_unpermute(args)
+    try:
+        layouts = {i: layout_from_gguf(block, LAYER_NAMES(i), index, unpermute) for i, block in enumerate(model.layers)}
+    except ValueError as err:  # a tensor missing or of the wrong shape
+        raise OndeviceError(f"{path} does not match a {args.arch} model ({err}): download it again.") from err
+    resident = _resident_bytes(model, args, dtype, n_ctx, max_tree)
+    placement = plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
+    return OffloadPlan(path, reader, args, model, layouts, resident, placement)
+
+
+def _tensor_index(reader) -> dict[str, GGUFTensorInfo]:
+    """`layout.gguf_tensor_index` from the reader already open (parsing a GGUF header takes seconds)."""
+    return {
+        t.name: GGUFTensorInfo(
+            int(t.data_offset), int(t.n_bytes), int(t.tensor_type), tuple(int(d) for d in reversed(t.shape))
+        )
+        for t in reader.tensors
+    }
+
+
+def _llama_unpermute(args: ModelArgs) -> dict[str, int] | None:
+    """Llama's Q/K rows come permuted by llama.cpp's converter: undone after each transfer."""
+    if args.arch != "llama":
+        return None
+    heads = {"attention.wq": args.n_heads, "attention.wk": args.n_kv_heads}
+    return {f"{proj}.{kind}": n for proj, n in heads.items() for kind in ("weight", "bias")}
+
+
+def _resident_bytes(model: Transformer, args: ModelArgs, dtype, n_ctx: int, max_tree: int) -> int:
+    """Embeddings, final norm, LM head, KV cache and the activations of the largest pass."""
+    weights_bytes = sum(p.nbytes for name, p in model.named_parameters() if not name.startswith("layers."))
+    item = dtype.itemsize
+    kv_cache = 2 * args.n_layers * args.n_kv_heads * n_ctx * args.head_dim * item
+    T = max(PREFILL_CHUNK, max_tree)  # tokens in one pass
+    attention = 2 * args.n_heads * T * n_ctx * 4  # fp32 scores and probabilities, (nh, T, S)
+    mlp = 3 * T * args.intermediate_size * item  # gate, up, their product
+    stream = 8 * T * args.dim * 4  # residual, norms in fp32, q/k/v
+    logits = T * args.vocab_size * 4  # fp32
+    return weights_bytes + kv_cache + attention + mlp + stream + logits
+
+
+def _assign(model: Transformer, loaded: dict[str, torch.Tensor], placement: Placement) -> None:
+    """Put the dequantized tensors in the meta model; streamed layers keep their meta parameters."""
+    streamed = {f"layers.{i}." for i in placement.streamed}
+    expected = {name for name in model.state_dict() if not name.startswith(tuple(streamed))}
+    missing, unexpected = expected - set(loaded), set(loaded) - expected
+    if missing or unexpected:
+        raise OndeviceError(
+            f"The checkpoint does not match a {model.args.arch} model "
+            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}): the file may be damaged."
+        )
+    model.load_state_dict(loaded, strict=False, assign=True)
