@@ -15,7 +15,7 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.protocols import Drafter, DraftSpec, Target
-from ondevice.tree import DraftTree
+from ondevice.tree import DraftTree, common_prefix
 from ondevice.verify import Sampling, verify
 
 
@@ -57,14 +57,6 @@ class Stats:
     @property
     def overhead_seconds(self) -> float:
         return self.decode_seconds - self.draft_seconds - self.verify_seconds
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class SpecEngine:

@@ -23,16 +23,9 @@ import numpy as np
 
 from ondevice.draft.search_tree import SearchTree
 from ondevice.llama_backend import LlamaContext
+from ondevice.tree import common_prefix
 
 MAIN_SEQ = 0
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class DraftKV:
