@@ -24,7 +24,7 @@ def main() -> None:
     try:
         app()
     except OndeviceError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")

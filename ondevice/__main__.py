@@ -1,0 +1,5 @@
+"""`python -m ondevice` runs the CLI."""
+
+from ondevice.cli.app import main
+
+main()

@@ -1,0 +1,81 @@
+"""The CLI as a user meets it: one-line errors with a non-zero exit for bad input, and a real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ondevice.errors import OndeviceError
+from ondevice.tokenizer import Tokenizer, check_same_vocab
+from tiny_models import write_tiny_gguf
+
+
+def ondevice(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ondevice", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["generate", "hi", "--model", "no-such-pair"], ["no-such-pair"]),
+        (["generate", "hi", "--tree", "chain", "--budget", "0"], ["--budget"]),
+        (["generate", "hi", "--tree", "chain", "--budget", "100000"], ["--budget"]),
+        (["generate", "hi", "--tree", "bushy"], ["bushy"]),
+        (["generate", "hi", "--temperature", "-1"], ["temperature"]),
+        (["generate", "hi", "--top-p", "1.5"], ["top-p"]),
+        (["generate", "hi", "--target-backend", "tensorflow"], ["tensorflow"]),
+        (["generate", "hi", "--target-backend", "torch", "--gpu-memory", "lots"], ["lots"]),
+    ],
+)
+def test_bad_input_is_one_line_error(args, words):
+    assert_one_line_error(ondevice(*args), *words)
+
+
+def test_mismatched_tokenizers_are_refused(tmp_path):
+    a = Tokenizer(write_tiny_gguf(tmp_path / "a.gguf", vocab=320))
+    b = Tokenizer(write_tiny_gguf(tmp_path / "b.gguf", vocab=300))
+    check_same_vocab(a, Tokenizer(write_tiny_gguf(tmp_path / "a2.gguf", vocab=320, seed=1)))  # same vocab: fine
+    with pytest.raises(OndeviceError, match="different tokenizers"):
+        check_same_vocab(a, b)
+
+
+def test_corrupt_model_file_is_refused(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all" * 100)
+    with pytest.raises(OndeviceError):
+        Tokenizer(bad)
+    with pytest.raises(OndeviceError):
+        Tokenizer(tmp_path / "missing.gguf")
+
+
+@pytest.mark.real
+def test_generate_json_speculative_equals_no_draft(real_pair):
+    """`ondevice generate --json` end to end on the real pair: same tokens with and without drafting."""
+    common = ["generate", "Write a Python function that returns the square of a number.", "--json", "-n", "32",
+              "--target-backend", "llama", "--threads", "2"]
+    plain = json.loads(ondevice(*common, "--no-draft").stdout)
+    spec = json.loads(ondevice(*common, "--tree", "chain", "--budget", "4").stdout)  # 5-node trees: llama.cpp is bit-exact below 8
+    for key in ("text", "prompt_token_ids", "token_ids", "target_passes", "tokens_per_pass", "tokens_per_second",
+                "draft_seconds", "verify_seconds", "tree", "budget", "target_backend", "placement", "bytes_streamed_per_pass"):
+        assert key in spec
+    assert plain["target_passes"] == len(plain["token_ids"])  # one token per pass alone
+    assert spec["token_ids"] == plain["token_ids"] and spec["text"] == plain["text"]
+    assert spec["target_passes"] < plain["target_passes"] and spec["tree"] == "chain"
+
+
+@pytest.mark.real
+def test_prompt_longer_than_context_is_one_line_error(real_pair):
+    result = ondevice("generate", "word " * 300, "--ctx", "128", "--target-backend", "llama", "--no-draft")
+    assert_one_line_error(result, "context")
