@@ -38,7 +38,7 @@ def results_table(results: list[BenchResult], baseline: BenchResult | None) -> T
 
 def bench(
     model: opt.Model = None,
-    trees: str = typer.Option("chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare."),
+    trees: str = typer.Option("auto,chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare (auto: the planner's choice)."),
     budgets: str = typer.Option("4,16,64", "--budgets", help="Comma-separated draft budgets (nodes per target pass)."),
     prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out), code, chat or calibration."),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
@@ -57,7 +57,9 @@ def bench(
     if prompt_set not in sets:
         raise OndeviceError(f"unknown prompt set {prompt_set!r}; choose one of {', '.join(sets)}.")
     sampling = Sampling(temperature=temperature)
-    specs = [None] + [make_spec(t, b, False, sampling) for t in parse_list(trees) for b in parse_list(budgets, int)]
+    tree_list, budget_list = parse_list(trees), parse_list(budgets, int)
+    specs = [None] + [make_spec(t, None, False, sampling) for t in tree_list if t == "auto"]
+    specs += [make_spec(t, b, False, sampling) for t in tree_list if t != "auto" for b in budget_list]
     pipe = _load(model, target_backend, False, vocab_trim, threads, ctx, gpu_memory, ram_memory)
     texts = sets[prompt_set][: limit or None]
     ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
@@ -65,8 +67,15 @@ def bench(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, disable=as_json) as progress:
         for spec in specs:
-            task = progress.add_task(f"{spec.builder} @{spec.budget}" if spec else "target only", total=len(ids))
+            auto = spec is not None and spec.builder == "auto"
+            spec = pipe.resolve(spec, sampling)  # auto: the planner's choice for this machine
+            label = f"{spec.builder} @{spec.budget}" if spec else "target only"
+            task = progress.add_task(("auto: " if auto else "") + label, total=len(ids))
             result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
+            if auto:
+                plan = pipe.planner.plan
+                result.config = f"auto ({label})" + (f" [fallback: {plan.fallback_reason}]" if plan.fallback_reason else "")
+                result.predicted_tokens_per_second = plan.predicted_tokens_per_second
             results.append(result)
     if as_json:
         print(json.dumps({"model": pipe.pair.name, "target_backend": pipe.target_backend, "machine": platform.processor() or platform.machine(),
