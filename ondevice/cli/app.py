@@ -47,3 +47,7 @@ app.command("bench")(bench_cmd.bench)
 from ondevice.cli import profile_cmd  # noqa: E402
 
 app.command("profile")(profile_cmd.profile)
+
+from ondevice.cli import quant_cmd  # noqa: E402
+
+app.add_typer(quant_cmd.app, name="quant", help="Build drafter variants: VocabTrim (trimmed LM head).")
