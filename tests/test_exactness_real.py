@@ -26,7 +26,7 @@ N_TOKENS = 128
 PROMPTS = prompts.CODE_EVAL[:4] + prompts.CHAT_EVAL[:4]
 CONFIGS = {
     "llama": [DraftSpec("chain", 4), DraftSpec("best-first", 16), DraftSpec("multi-seq", 8)],
-    "torch": [DraftSpec("chain", 4), DraftSpec("best-first", 16)],
+    "torch": [DraftSpec("chain", 4)],  # fp32 torch on 2 CPU cores is slow; trees are covered by llama above
 }
 
 
