@@ -238,9 +238,11 @@ def test_cli_builds_a_trimmed_drafter_that_is_found(tmp_path, monkeypatch, real_
         marker = path.with_name(path.name + ".verified")
         if marker.exists():
             shutil.copy(marker, models / marker.name)
-    result = CliRunner().invoke(app, ["vocab-trim", "--k", str(K), "--prompts", "1", "--max-tokens", "8", "--threads", "1"])
+    args = ["vocab-trim", "--k", str(K), "--prompts", "1", "--eval", "1", "--max-tokens", "8", "--threads", "1"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert f"kept      {K:,} of 151,936 tokens" in result.output
+    assert f"held-out  K={K:<6,} covers" in result.output and "ms trimmed" in result.output
     head = TrimmedHead.find(models / real_drafter.name)
     assert head is not None and head.n_vocab == K
 

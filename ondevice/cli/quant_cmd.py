@@ -52,17 +52,19 @@ def vocab_trim_command(
 ) -> None:
     """Trim the drafter's vocabulary to the K tokens the target uses most (VocabTrim).
 
-    The target answers calibration prompts greedily; its tokens (and the prompts') are counted, the
-    K most frequent are kept (plus every special and byte token), and a drafter that scores only
-    those is written beside the original. Verification still uses the full vocabulary.
+    The target answers the calibration prompts greedily; the K most frequent tokens are kept (plus all special and byte tokens).
+
+    A drafter scoring only those is written beside the original and used from then on. Verification keeps the full vocabulary.
     """
     pair = load_pair(opt.default_model(model))
     files = hub.ensure_pair(pair, status_console)
-    calibration = CALIBRATION[:prompts]
-    counts, answers = _target_answers(files.target, calibration, max_tokens, threads, "calibrating on the target")
     with status_console.status("reading the drafter's vocabulary"):
         reader = gguf.GGUFReader(files.drafter)
-        keep_ids = vocab_trim.top_k_tokens(counts, k, vocab_trim.always_kept_ids(reader))
+        always_kept = vocab_trim.always_kept_ids(reader)
+    vocab_trim.top_k_tokens(np.zeros(len(reader.fields[vocab_trim.TOKENS_KEY].data)), k, always_kept)  # check k first
+    calibration = CALIBRATION[:prompts]
+    counts, answers = _target_answers(files.target, calibration, max_tokens, threads, "calibrating on the target")
+    keep_ids = vocab_trim.top_k_tokens(counts, k, always_kept)
     with status_console.status("writing the trimmed drafter"):
         description = (
             f"{len(calibration)} calibration prompts (ondevice.prompts.CALIBRATION), answered greedily by "
@@ -74,12 +76,12 @@ def vocab_trim_command(
     typer.echo(f"coverage  {vocab_trim.coverage(np.concatenate(answers), keep_ids):.2%} of the target's calibration tokens")
     if eval_prompts:
         _, held_out = _target_answers(files.target, EVAL[:eval_prompts], max_tokens, threads, "answering held-out prompts")
-        _print_held_out_coverage(counts, keep_ids, np.concatenate(held_out), reader)
+        _print_held_out_coverage(counts, keep_ids, np.concatenate(held_out), always_kept)
     typer.echo(f"drafter   {files.drafter}  {files.drafter.stat().st_size / 1e6:,.0f} MB")
     typer.echo(f"trimmed   {trimmed}  {record.trimmed_size / 1e6:,.0f} MB")
     with status_console.status("timing draft steps"):
         full, trimmed_seconds = (_draft_call_seconds(files.drafter, head, threads) for head in (None, TrimmedHead(files.drafter)))
-    for n in DRAFT_BATCHES:
+    for n in DRAFT_BATCHES:  # best of 10: other processes only ever add time
         typer.echo(f"draft     {n} token{'s' if n > 1 else ''} per call: {full[n] * 1e3:.1f} ms full, {trimmed_seconds[n] * 1e3:.1f} ms trimmed")
 
 
@@ -99,9 +101,8 @@ def _target_answers(target: Path, prompts: Sequence[str], max_tokens: int, threa
     return counts, answers
 
 
-def _print_held_out_coverage(counts: np.ndarray, keep_ids: np.ndarray, held_out: np.ndarray, reader: gguf.GGUFReader) -> None:
+def _print_held_out_coverage(counts: np.ndarray, keep_ids: np.ndarray, held_out: np.ndarray, always: np.ndarray) -> None:
     """Coverage of held-out target tokens by the kept set, and by the sets K/4 and K/2 would keep."""
-    always = vocab_trim.always_kept_ids(reader)
     for k in sorted({max(len(always), len(keep_ids) // 4), max(len(always), len(keep_ids) // 2), len(keep_ids)}):
         kept = keep_ids if k == len(keep_ids) else vocab_trim.top_k_tokens(counts, k, always)
         typer.echo(f"held-out  K={k:<6,} covers {vocab_trim.coverage(held_out, kept):.2%} of {len(held_out):,} target tokens")
