@@ -2,7 +2,8 @@
 
 `SpecEngine.generate` is a generator of `Step`s (the tokens each target pass produced) and ends
 with a `Stats` summary. Target-only decoding is the same loop with a root-only tree, so the
-speculative and plain paths share every line that decides what is emitted.
+speculative and plain paths share every line that decides what is emitted. With `overlap` the
+drafter drafts the likely next tree while the target verifies (`ondevice.overlap`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ondevice.errors import OndeviceError
+from ondevice.overlap import Guess, Overlap
 from ondevice.protocols import Drafter, DraftSpec, Target
 from ondevice.tree import DraftTree, common_prefix
 from ondevice.verify import Sampling, verify
@@ -36,7 +38,10 @@ class Stats:
     accepted_drafts: int = 0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
+    verify_seconds: float = 0.0  # target passes + verification + commit
+    concurrent_seconds: float = 0.0  # drafting and a target pass ran at once (counted in both above)
+    prepared_trees: int = 0  # trees drafted for a guessed outcome while the target verified
+    overlap_hits: int = 0  # rounds that verified a prepared tree (no drafting between passes)
     total_seconds: float = 0.0
     finish_reason: str = ""
     accepted_per_pass: list[int] = field(default_factory=list)
@@ -56,16 +61,25 @@ class Stats:
 
     @property
     def overhead_seconds(self) -> float:
-        return self.decode_seconds - self.draft_seconds - self.verify_seconds
+        return self.decode_seconds - self.draft_seconds - self.verify_seconds + self.concurrent_seconds
+
+
+def within_window(spec: DraftSpec | None, room: int) -> DraftSpec | None:
+    """`spec` with a budget that never drafts past the context window (room tokens left)."""
+    if spec is None or spec.budget <= 0:
+        return spec
+    return DraftSpec(**{**spec.__dict__, "budget": max(0, min(spec.budget, room - 1))})
 
 
 class SpecEngine:
     """Owns the target's committed context; keeps it across calls so a chat reuses its cache."""
 
-    def __init__(self, target: Target, drafter: Drafter | None, is_end: Callable[[int], bool]):
+    def __init__(self, target: Target, drafter: Drafter | None, is_end: Callable[[int], bool], overlap: bool = False):
         self.target = target
         self.drafter = drafter
         self.is_end = is_end
+        self.overlap = overlap  # draft the likely next tree while the target verifies
+        self._worker: Overlap | None = None  # runs the target passes beside the drafter, made on first use
         self.cached: list[int] = []  # the tokens whose KV the target holds, in order
         self.on_verify: Callable[[DraftTree, list[int]], None] | None = None  # e.g. acceptance tracking
 
@@ -93,6 +107,19 @@ class SpecEngine:
         stats.draft_seconds += time.perf_counter() - t0
         return tree
 
+    def _forward(
+        self, tree: DraftTree, context: list[int], spec: DraftSpec | None, room: int, tokens_left: int, stats: Stats
+    ) -> tuple[np.ndarray, Guess | None]:
+        """The target's logits for `tree`; with overlap, and a guess from the drafter for the next round."""
+        if not self.overlap or self.drafter is None or spec is None or spec.budget <= 0:
+            t0 = time.perf_counter()
+            logits = self.target.forward_tree(tree)
+            stats.verify_seconds += time.perf_counter() - t0
+            return logits, None
+        if self._worker is None:
+            self._worker = Overlap(self.target, self.drafter)
+        return self._worker.forward(tree, context, spec, room, tokens_left, stats)
+
     def generate(
         self,
         prompt: Sequence[int],
@@ -107,19 +134,23 @@ class SpecEngine:
         rng = np.random.default_rng(sampling.seed)
         context = list(prompt)
         room = self.target.n_ctx - len(prompt)
+        prepared: DraftTree | None = None  # the next tree, drafted while the target verified
         while True:
             if stats.tokens >= max_tokens or room <= 0:
                 stats.finish_reason = "length"
                 break
-            budget_spec = spec
-            if spec is not None and spec.budget > 0:  # never draft past the context window
-                budget_spec = DraftSpec(**{**spec.__dict__, "budget": max(0, min(spec.budget, room - 1))})
-            tree = self._tree(context, budget_spec, stats)
+            if prepared is not None:
+                tree, prepared = prepared, None
+                stats.overlap_hits += 1
+            else:
+                tree = self._tree(context, within_window(spec, room), stats)
+            logits, guess = self._forward(tree, context, spec, room, max_tokens - stats.tokens, stats)
             t0 = time.perf_counter()
-            logits = self.target.forward_tree(tree)
             verdict = verify(tree, logits, sampling, rng, rule)
             self.target.commit(verdict.path)
             stats.verify_seconds += time.perf_counter() - t0
+            if guess is not None:
+                prepared = guess.next_tree(verdict)
             if self.on_verify is not None:
                 self.on_verify(tree, verdict.path)
             self.cached.extend(int(tree.tokens[i]) for i in verdict.path)

@@ -86,6 +86,23 @@ class DraftTree:
         has_child[self.parents[1:]] = True
         return [int(i) for i in np.flatnonzero(~has_child)]
 
+    def subtree(self, node: int) -> "DraftTree":
+        """`node` and its descendants as a tree rooted at `node`: what is still a draft once node's
+        token is committed. Creation order, each node's children (in draw order) and its q row are
+        kept; log-probs become relative to the new root."""
+        inside = np.zeros(len(self), dtype=bool)
+        inside[node] = True
+        for i in range(node + 1, len(self)):  # parents come first, so one pass suffices
+            inside[i] = inside[self.parents[i]]
+        keep = np.flatnonzero(inside)
+        new_id = np.full(len(self), -1, dtype=np.int64)
+        new_id[keep] = np.arange(len(keep))
+        parents = new_id[self.parents[keep]]
+        parents[0] = -1  # the old parent of `node` is outside
+        tree = DraftTree(self.tokens[keep], parents, self.logprobs[keep] - self.logprobs[node])
+        tree.q = {int(new_id[n]): row for n, row in self.q.items() if inside[n]}
+        return tree
+
     def ancestor_mask(self) -> np.ndarray:
         """(n, n) bool: mask[i, j] is True iff j is i or an ancestor of i (what node i attends to)."""
         n = len(self)

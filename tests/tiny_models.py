@@ -76,8 +76,12 @@ def tiny_config(arch: str = "qwen2", vocab: int = 320) -> dict:
     raise ValueError(f"unknown tiny arch {arch!r}")
 
 
-def tiny_hf_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random fp32 weights under Hugging Face names, scaled so activations and logits are O(1..10)."""
+def tiny_hf_tensors(config: dict, seed: int = 0, head_scale: float = 1.0, noise: float = 0.0) -> dict[str, np.ndarray]:
+    """Random fp32 weights under Hugging Face names, scaled so activations and logits are O(1..10).
+
+    head_scale multiplies a separate LM head (Llama): sharper next-token distributions. noise adds
+    Gaussian noise of noise·std(w) to every matrix: another model that mostly agrees with this one.
+    """
     rng = np.random.default_rng(seed)
     C, F, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     hd = C // config["num_attention_heads"]
@@ -104,7 +108,12 @@ def tiny_hf_tensors(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
         t[p + "mlp.down_proj.weight"] = linear(C, F)
     t["model.norm.weight"] = norm()
     if not config["tie_word_embeddings"]:
-        t["lm_head.weight"] = linear(V, C)
+        t["lm_head.weight"] = linear(V, C) * np.float32(head_scale)
+    if noise:
+        jitter = np.random.default_rng([seed, 1])
+        for name, w in t.items():
+            if w.ndim == 2:
+                t[name] = (w + noise * w.std() * jitter.standard_normal(w.shape)).astype(np.float32)
     return t
 
 
@@ -172,8 +181,11 @@ def gguf_tensors(config: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return out
 
 
-def write_tiny_gguf(path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32") -> Path:
-    """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path."""
+def write_tiny_gguf(
+    path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0, noise: float = 0.0
+) -> Path:
+    """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path.
+    head_scale, noise: see `tiny_hf_tensors`."""
     import gguf
 
     config = tiny_config(arch, vocab)
@@ -197,7 +209,7 @@ def write_tiny_gguf(path: str | Path, arch: str = "qwen2", vocab: int = 320, see
     writer.add_bos_token_id(vocab - 1)
     writer.add_eos_token_id(vocab - 1)
     writer.add_add_bos_token(False)
-    for name, w in gguf_tensors(config, tiny_hf_tensors(config, seed)).items():
+    for name, w in gguf_tensors(config, tiny_hf_tensors(config, seed, head_scale, noise)).items():
         writer.add_tensor(name, w.astype(np.float16) if dtype == "f16" and w.ndim == 2 else w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
