@@ -32,6 +32,7 @@ class LoadOptions:
     device: str | None = None  # torch target: "cpu" / "cuda"; default: cuda if available
     gpu_memory: str | None = None
     ram_memory: str | None = None
+    overlap: bool | None = None  # draft while the target verifies; None: when the target is on a GPU
 
 
 @dataclass
@@ -76,12 +77,14 @@ class Pipeline:
     ) -> Iterator[Record]:
         decoder = StreamDecoder(self.tokenizer)
         spec = self.resolve(spec, sampling)
+        answer: list[int] = []
         for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule):
             if isinstance(item, Step):
+                answer += item.tokens
                 yield Record(decoder.push(item.tokens), item.tokens, item.from_draft)
             else:
                 if self.planner is not None:
-                    self.planner.finish(item)
+                    self.planner.finish(item, list(prompt_ids) + answer)
                 yield Record(decoder.flush(), [], 0, stats=item)
 
     def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:
@@ -139,10 +142,22 @@ def load(pair: str | None = None, **kwargs) -> Pipeline:
         drafter = LlamaDrafter(files.drafter, n_ctx=opts.n_ctx, threads=threads, vocab_trim=opts.vocab_trim)
     backend = _pick_backend(opts.target_backend)
     target = _load_target(backend, files.target, opts, threads)
-    engine = SpecEngine(target, drafter, tokenizer.is_end)
     backends = _profile_backends(spec, files, backend, threads, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
+    overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU both would fight for the cores
+    engine = SpecEngine(target, _with_lookup(drafter, target.n_vocab), tokenizer.is_end, overlap=overlap)
     placement = target.placement_summary() if backend == "torch" else "all layers on CPU (llama.cpp)"
     return Pipeline(spec, tokenizer, engine, backend, placement=placement, info={"threads": threads}, backends=backends)
+
+
+def _with_lookup(drafter, n_vocab: int):
+    """The drafter model and the free prompt-lookup drafter behind one router (by spec.builder).
+    None without the model: --no-draft means the target alone, the reference every test compares to."""
+    if drafter is None:
+        return None
+    from ondevice.draft.lookup import PromptLookupDrafter
+    from ondevice.draft.router import DraftRouter
+
+    return DraftRouter(drafter, PromptLookupDrafter(n_vocab))
 
 
 def _profile_backends(pair, files, backend: str, threads: int, make_target, make_decode_batch):

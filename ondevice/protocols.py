@@ -47,7 +47,9 @@ class Target(Protocol):
         ...
 
 
-BUILDERS = ("chain", "best-first", "multi-seq")
+MODEL_BUILDERS = ("chain", "best-first", "multi-seq")  # trees grown by the drafter model
+FREE_BUILDERS = ("lookup",)  # no model: prompt lookup (draft/lookup.py)
+BUILDERS = MODEL_BUILDERS + FREE_BUILDERS
 
 
 @dataclass(frozen=True)

@@ -70,12 +70,13 @@ def chat(
     ctx: opt.Ctx = 4096,
     gpu_memory: opt.GpuMemory = None,
     ram_memory: opt.RamMemory = None,
+    overlap: opt.Overlap = None,
     system: str = typer.Option("", "--system", help="System prompt."),
 ) -> None:
     """Chat with the model in the terminal (downloads the default pair on first use)."""
     settings = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, tree=tree, budget=budget, system=system)
     make_spec(tree, budget, no_draft, Sampling(temperature, top_p, top_k, seed))  # bad options fail before loading
-    pipe = _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory)
+    pipe = _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory, overlap=overlap)
     err.print(f"[dim]{pipe.pair.description} · target on {pipe.target_backend} {pipe.placement} · /help for commands, /bye to exit[/]")
     history: list[dict[str, str]] = []
     while True:

@@ -17,12 +17,16 @@ TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in 
 TopK = Annotated[int, typer.Option("--top-k", help="Sample among the k most likely tokens (0 = all).")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed for sampling.")]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Target alone: same code path, no drafter.")]
-Tree = Annotated[str, typer.Option("--tree", help="Draft tree builder: chain, best-first, multi-seq, or auto (planner).")]
+Tree = Annotated[str, typer.Option("--tree", help="Draft tree builder: chain, best-first, multi-seq, lookup (prompt lookup: no model), or auto (planner).")]
 Budget = Annotated[Optional[int], typer.Option("--budget", help="Drafted tokens per target pass (default: chosen by the builder/planner).")]
 TargetBackend = Annotated[str, typer.Option("--target-backend", help="torch (our PyTorch target; GPU offload) or llama (llama.cpp GGUF target), or auto.")]
 VocabTrim = Annotated[bool, typer.Option("--vocab-trim/--no-vocab-trim", help="Draft with the trimmed-vocabulary drafter when one is built.")]
 GpuMemory = Annotated[Optional[str], typer.Option("--gpu-memory", help="GPU memory budget for the target, e.g. 6GiB (default: free minus a margin).")]
 RamMemory = Annotated[Optional[str], typer.Option("--ram-memory", help="Pinned RAM budget for streamed layers, e.g. 8GiB; the rest streams from disk.")]
+Overlap = Annotated[
+    Optional[bool],
+    typer.Option("--overlap/--no-overlap", help="Draft the next tree while the target verifies (default: when the target is on a GPU)."),
+]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: physical cores).")]
 Ctx = Annotated[int, typer.Option("--ctx", help="Context window in tokens.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]

@@ -18,7 +18,7 @@ from ondevice.verify import Sampling
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
-DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8}
+DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "lookup": 6}  # lookup: passes of <= 7 tokens (cheap on a CPU target)
 
 
 def make_spec(tree: str, budget: int | None, no_draft: bool, sampling: Sampling) -> DraftSpec | None:
@@ -52,13 +52,13 @@ def stats_line(stats: Stats, plan=None) -> str:
     )
 
 
-def _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory):
+def _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory, overlap=None):
     from ondevice.pipeline import load
 
     with err.status("loading models…"):
         return load(
             opt.default_model(model), target_backend=target_backend, draft=not no_draft, vocab_trim=vocab_trim,
-            threads=threads, n_ctx=ctx, gpu_memory=gpu_memory, ram_memory=ram_memory,
+            threads=threads, n_ctx=ctx, gpu_memory=gpu_memory, ram_memory=ram_memory, overlap=overlap,
         )
 
 
@@ -79,13 +79,14 @@ def generate(
     ctx: opt.Ctx = 4096,
     gpu_memory: opt.GpuMemory = None,
     ram_memory: opt.RamMemory = None,
+    overlap: opt.Overlap = None,
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
     as_json: opt.Json = False,
 ) -> None:
     """Generate one answer for PROMPT and exit."""
     sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     spec = make_spec(tree, budget, no_draft, sampling)
-    pipe = _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory)
+    pipe = _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory, overlap=overlap)
     ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}])
     text, token_ids, stats = [], [], None
     for rec in pipe.stream_tokens(ids, max_tokens=max_tokens, sampling=sampling, spec=spec):
@@ -119,6 +120,7 @@ def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:
         "draft_seconds": stats.draft_seconds,
         "verify_seconds": stats.verify_seconds,
         "overhead_seconds": stats.overhead_seconds,
+        "overlap_hits": stats.overlap_hits,
         "tree": spec.builder if spec else "none",
         "budget": spec.budget if spec else 0,
         "target_backend": pipe.target_backend,
