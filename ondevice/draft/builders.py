@@ -45,11 +45,13 @@ class Expander(Protocol):
 class Round:
     """One drafting round: the spec, the tree being grown and the source of randomness."""
 
-    def __init__(self, spec: DraftSpec, root_token: int, expander: Expander):
+    def __init__(self, spec: DraftSpec, root_token: int, expander: Expander, position: int = 0):
         self.spec = spec
         self.tree = SearchTree(root_token)
         self.expander = expander
-        self.rng = np.random.default_rng(spec.seed)
+        # A fresh stream per context length: rounds must not reuse one Gumbel draw (Sequoia's rule
+        # is exact only if each round's children are independent draws from q).
+        self.rng = np.random.default_rng([spec.seed, position])
         self.sampled = spec.sample_children and spec.temperature > 0  # greedy drafting ignores sample_children
 
     def expand(self, nodes: Sequence[int]) -> np.ndarray:

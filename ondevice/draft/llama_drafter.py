@@ -18,15 +18,15 @@ from ondevice.draft.tree_cache import DraftKV
 from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import MAX_SEQUENCES, LlamaContext, LlamaModel
-from ondevice.protocols import BUILDERS, DraftSpec
+from ondevice.protocols import MODEL_BUILDERS, DraftSpec
 from ondevice.tree import DraftTree
 
 MAX_BUDGET = 2048
 
 
 def check_spec(spec: DraftSpec) -> None:
-    if spec.builder not in BUILDERS:
-        raise OndeviceError(f"unknown draft builder {spec.builder!r}; choose one of {', '.join(BUILDERS)}.")
+    if spec.builder not in MODEL_BUILDERS:
+        raise OndeviceError(f"the drafter model builds {', '.join(MODEL_BUILDERS)} trees, not {spec.builder!r}.")
     if not 1 <= spec.budget <= MAX_BUDGET:
         raise OndeviceError(f"the draft budget must be 1 to {MAX_BUDGET} tokens, not {spec.budget}.")
     if not spec.temperature >= 0:
@@ -81,7 +81,7 @@ class LlamaDrafter:
                 "start a new chat or raise the context size."
             )
         root_logits = self.cache.sync(context)
-        r = Round(spec, int(context[-1]), self.cache)
+        r = Round(spec, int(context[-1]), self.cache, position=len(context))
         root_logp = r.distributions([0], root_logits[None, :])[0]
         if spec.builder == "chain":
             return build_chain(r, root_logp)
