@@ -37,6 +37,10 @@ class BenchResult:
         return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
 
     @property
+    def draft_ms_per_pass(self) -> float:
+        return 1e3 * self.draft_seconds / self.target_passes if self.target_passes else 0.0
+
+    @property
     def other_seconds(self) -> float:
         return self.decode_seconds - self.draft_seconds - self.verify_seconds
 
@@ -51,7 +55,13 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tokens_per_pass": self.tokens_per_pass, "tokens_per_second": self.tokens_per_second,
-                "other_seconds": self.other_seconds}
+                "other_seconds": self.other_seconds, "draft_ms_per_pass": self.draft_ms_per_pass}
+
+
+def best_of_sweep(results: list[BenchResult]) -> BenchResult | None:
+    """The fastest fixed configuration (auto rows and the target alone excluded)."""
+    fixed = [r for r in results if r.budget > 0 and not r.config.startswith("auto")]
+    return max(fixed, key=lambda r: r.tokens_per_second, default=None)
 
 
 def config_name(spec: DraftSpec | None) -> str:

@@ -44,14 +44,14 @@ def default_p_rank(top1: float = TOP1_AGREEMENT, top4: float = TOP4_AGREEMENT, d
 
 @dataclass(frozen=True)
 class Plan:
-    builder: str  # "chain", "best-first" (filling Sequoia's shape) or "target-only"
+    builder: str  # "chain", "best-first" (filling Sequoia's shape), "lookup" (fallback.py) or "target-only"
     budget: int  # drafted nodes per round, root excluded (0: target only)
     depth: int  # drafted levels
     predicted_tokens_per_pass: float  # E[accepted + 1]
     predicted_tokens_per_second: float
     target_only_tokens_per_second: float
     overlap: bool  # drafting runs while the target verifies
-    fallback_reason: str | None = None  # why we do not draft (budget 0)
+    fallback_reason: str | None = None  # why the drafter model is not used (then: lookup or budget 0)
 
     @property
     def predicted_speedup(self) -> float:
@@ -109,6 +109,26 @@ def choose_plan(
     if best is not None and best.predicted_speedup >= min_speedup:
         return best
     return Plan("target-only", 0, 0, 1.0, target_only_tps, target_only_tps, False, _fallback_reason(curves, best, overlap_possible))
+
+
+def predict(
+    curves: Curves, p_rank, builder: str, budget: int, overlap_possible: bool = False, overhead_per_pass: float = 0.0,
+    max_depth: int = MAX_DEPTH,
+) -> Plan | None:
+    """The model's best prediction for one fixed configuration (None: the model has no shape for it,
+    e.g. multi-seq, or a tree beyond the measured target curve). best-first takes its best depth."""
+    p_rank = np.asarray(p_rank, dtype=np.float64)
+    target_only_tps = 1.0 / (curves.target(1) + overhead_per_pass)
+    best = None
+    for name, b, depth, tokens_per_pass, t_draft, t_target in _candidates(curves, p_rank, [budget], max_depth):
+        if name != builder:
+            continue
+        t_verify = t_target + overhead_per_pass
+        t_pass = max(t_draft, t_verify) if overlap_possible else t_draft + t_verify
+        tps = float(tokens_per_pass / t_pass)
+        if best is None or tps > best.predicted_tokens_per_second:
+            best = Plan(name, b, depth, float(tokens_per_pass), tps, target_only_tps, overlap_possible)
+    return best
 
 
 def _fallback_reason(curves: Curves, best: Plan | None, overlap_possible: bool) -> str:

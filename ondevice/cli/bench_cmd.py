@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import platform
+from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ondevice import prompts as prompt_sets
-from ondevice.bench import BenchResult, run_config
+from ondevice.bench import BenchResult, best_of_sweep, run_config
 from ondevice.cli import options as opt
 from ondevice.cli.run_cmd import _load, console, err, make_spec
 from ondevice.errors import OndeviceError
@@ -26,14 +27,25 @@ def parse_list(text: str, kind=str) -> list:
 
 def results_table(results: list[BenchResult], baseline: BenchResult | None) -> Table:
     table = Table(title="ondevice bench (decode only; prompt processing excluded)")
-    for col in ("config", "tokens/pass", "tok/s", "speedup", "draft s", "verify s", "other s", "predicted tok/s"):
+    for col in ("config", "tokens/pass", "tok/s", "speedup", "draft ms/pass", "draft s", "verify s", "other s", "predicted tok/s"):
         table.add_column(col, justify="right" if col != "config" else "left")
     for r in results:
         speed = f"{r.tokens_per_second / baseline.tokens_per_second:.2f}×" if baseline and baseline.tokens_per_second else "-"
         pred = f"{r.predicted_tokens_per_second:.1f}" if r.predicted_tokens_per_second else "-"
-        table.add_row(r.config, f"{r.tokens_per_pass:.2f}", f"{r.tokens_per_second:.2f}", speed, f"{r.draft_seconds:.1f}",
+        table.add_row(r.config, f"{r.tokens_per_pass:.2f}", f"{r.tokens_per_second:.2f}", speed, f"{r.draft_ms_per_pass:.0f}", f"{r.draft_seconds:.1f}",
                       f"{r.verify_seconds:.1f}", f"{r.other_seconds:.1f}", pred)
     return table
+
+
+def sweep_verdict(results: list[BenchResult]) -> dict | None:
+    """How the planner's choice compares with the best fixed configuration measured in the same run."""
+    auto = next((r for r in results if r.config.startswith("auto")), None)
+    best = best_of_sweep(results)
+    if auto is None or best is None or not best.tokens_per_second:
+        return None
+    ratio = auto.tokens_per_second / best.tokens_per_second
+    return {"auto": auto.config, "auto_tokens_per_second": auto.tokens_per_second, "best_config": best.config,
+            "best_tokens_per_second": best.tokens_per_second, "auto_over_best": ratio, "within_10_percent": ratio >= 0.9}
 
 
 def bench(
@@ -50,7 +62,9 @@ def bench(
     ctx: opt.Ctx = 4096,
     gpu_memory: opt.GpuMemory = None,
     ram_memory: opt.RamMemory = None,
+    overlap: opt.Overlap = None,
     as_json: opt.Json = False,
+    out: str = typer.Option(None, "--out", help="Also write the JSON report to this file (README figures come from such files)."),
 ) -> None:
     """Measure tokens per target pass and tok/s: the target alone vs each tree builder and budget."""
     sets = {"eval": prompt_sets.EVAL, "code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL, "calibration": prompt_sets.CALIBRATION}
@@ -60,7 +74,7 @@ def bench(
     tree_list, budget_list = parse_list(trees), parse_list(budgets, int)
     specs = [None] + [make_spec(t, None, False, sampling) for t in tree_list if t == "auto"]
     specs += [make_spec(t, b, False, sampling) for t in tree_list if t != "auto" for b in budget_list]
-    pipe = _load(model, target_backend, False, vocab_trim, threads, ctx, gpu_memory, ram_memory)
+    pipe = _load(model, target_backend, False, vocab_trim, threads, ctx, gpu_memory, ram_memory, overlap=overlap)
     texts = sets[prompt_set][: limit or None]
     ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
     results = []
@@ -71,15 +85,27 @@ def bench(
             spec = pipe.resolve(spec, sampling)  # auto: the planner's choice for this machine
             label = f"{spec.builder} @{spec.budget}" if spec else "target only"
             task = progress.add_task(("auto: " if auto else "") + label, total=len(ids))
+            predicted = pipe.planner.predict(spec.builder, spec.budget) if spec and pipe.planner and not auto else None
             result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
+            result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
             if auto:
                 plan = pipe.planner.plan
-                result.config = f"auto ({label})" + (f" [fallback: {plan.fallback_reason}]" if plan.fallback_reason else "")
+                result.config = f"auto ({label})" + (f" — fallback: {plan.fallback_reason}" if plan.fallback_reason else "")
                 result.predicted_tokens_per_second = plan.predicted_tokens_per_second
             results.append(result)
+            if not err.is_terminal and not as_json:  # logs and CI: one line per configuration as it ends
+                err.print(f"{result.config}: {result.tokens_per_pass:.2f} tokens/pass, {result.tokens_per_second:.2f} tok/s")
+    verdict = sweep_verdict(results)
+    report = {"model": pipe.pair.name, "target_backend": pipe.target_backend, "machine": platform.processor() or platform.machine(),
+              "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": len(ids), "prompt_set": prompt_set,
+              "results": [r.to_dict() for r in results], "sweep": verdict}
+    if out:
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
     if as_json:
-        print(json.dumps({"model": pipe.pair.name, "target_backend": pipe.target_backend, "machine": platform.processor() or platform.machine(),
-                          "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": len(ids),
-                          "results": [r.to_dict() for r in results]}, indent=2))
-    else:
-        console.print(results_table(results, results[0]))
+        print(json.dumps(report, indent=2))
+        return
+    console.print(results_table(results, results[0]))
+    if verdict:
+        console.print(f"planner's choice {verdict['auto']}: {verdict['auto_tokens_per_second']:.2f} tok/s = "
+                      f"{verdict['auto_over_best']:.2f}× the best fixed configuration ({verdict['best_config']}, "
+                      f"{verdict['best_tokens_per_second']:.2f} tok/s)")
