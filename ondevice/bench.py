@@ -27,6 +27,7 @@ class BenchResult:
     verify_seconds: float = 0.0
     decode_seconds: float = 0.0
     predicted_tokens_per_second: float | None = None
+    error: str | None = None  # the configuration could not run (e.g. a tree bigger than the target takes)
 
     @property
     def tokens_per_pass(self) -> float:

@@ -46,5 +46,49 @@ CHAT_CALIBRATION = [
     "Describe how garbage collection works in one paragraph.",
 ]
 
+# Edits of code given in the prompt: the answer copies most of it (where prompt lookup pays).
+EDIT_EVAL = [
+    """Rewrite this Python function with type hints. Keep the code otherwise unchanged and reply with the whole function.
+
+```python
+def summarize_orders(orders, min_total=0.0, currency="EUR"):
+    totals = {}
+    counts = {}
+    for order in orders:
+        customer = order["customer"]
+        amount = order["amount"]
+        if order.get("currency", currency) != currency:
+            continue
+        totals[customer] = totals.get(customer, 0.0) + amount
+        counts[customer] = counts.get(customer, 0) + 1
+    result = []
+    for customer, total in totals.items():
+        if total < min_total:
+            continue
+        average = total / counts[customer]
+        result.append({"customer": customer, "total": round(total, 2), "average": round(average, 2)})
+    result.sort(key=lambda row: row["total"], reverse=True)
+    return result
+```""",
+    """Rename the variable `data` to `records` in this JavaScript function and reply with the whole function.
+
+```javascript
+function groupByCity(data) {
+  const groups = {};
+  for (const item of data) {
+    const city = item.address.city;
+    if (!groups[city]) {
+      groups[city] = [];
+    }
+    groups[city].push(item.name);
+  }
+  for (const city of Object.keys(groups)) {
+    groups[city].sort();
+  }
+  return groups;
+}
+```""",
+]
+
 EVAL = CODE_EVAL + CHAT_EVAL
 CALIBRATION = CODE_CALIBRATION + CHAT_CALIBRATION

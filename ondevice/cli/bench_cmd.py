@@ -30,6 +30,9 @@ def results_table(results: list[BenchResult], baseline: BenchResult | None) -> T
     for col in ("config", "tokens/pass", "tok/s", "speedup", "draft ms/pass", "draft s", "verify s", "other s", "predicted tok/s"):
         table.add_column(col, justify="right" if col != "config" else "left")
     for r in results:
+        if r.error:
+            table.add_row(r.config, "-", "skipped", "-", "-", "-", "-", "-", "-")
+            continue
         speed = f"{r.tokens_per_second / baseline.tokens_per_second:.2f}×" if baseline and baseline.tokens_per_second else "-"
         pred = f"{r.predicted_tokens_per_second:.1f}" if r.predicted_tokens_per_second else "-"
         table.add_row(r.config, f"{r.tokens_per_pass:.2f}", f"{r.tokens_per_second:.2f}", speed, f"{r.draft_ms_per_pass:.0f}", f"{r.draft_seconds:.1f}",
@@ -52,7 +55,7 @@ def bench(
     model: opt.Model = None,
     trees: str = typer.Option("auto,chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare (auto: the planner's choice)."),
     budgets: str = typer.Option("4,16,64", "--budgets", help="Comma-separated draft budgets (nodes per target pass)."),
-    prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out), code, chat or calibration."),
+    prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays) or calibration."),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
     max_tokens: opt.MaxTokens = 128,
     temperature: opt.Temperature = 0.0,
@@ -67,7 +70,7 @@ def bench(
     out: str = typer.Option(None, "--out", help="Also write the JSON report to this file (README figures come from such files)."),
 ) -> None:
     """Measure tokens per target pass and tok/s: the target alone vs each tree builder and budget."""
-    sets = {"eval": prompt_sets.EVAL, "code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL, "calibration": prompt_sets.CALIBRATION}
+    sets = {"eval": prompt_sets.EVAL, "code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL, "edit": prompt_sets.EDIT_EVAL, "calibration": prompt_sets.CALIBRATION}
     if prompt_set not in sets:
         raise OndeviceError(f"unknown prompt set {prompt_set!r}; choose one of {', '.join(sets)}.")
     sampling = Sampling(temperature=temperature)
@@ -86,7 +89,11 @@ def bench(
             label = f"{spec.builder} @{spec.budget}" if spec else "target only"
             task = progress.add_task(("auto: " if auto else "") + label, total=len(ids))
             predicted = pipe.planner.predict(spec.builder, spec.budget) if spec and pipe.planner and not auto else None
-            result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
+            try:
+                result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
+            except OndeviceError as e:  # one configuration this machine cannot run: say so, measure the rest
+                result = BenchResult(label, spec.builder, spec.budget, error=str(e))
+                err.print(f"{label}: skipped — {e}")
             result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
             if auto:
                 plan = pipe.planner.plan
