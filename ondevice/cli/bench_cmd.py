@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -11,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ondevice import prompts as prompt_sets
-from ondevice.bench import BenchResult, best_of_sweep, run_config
+from ondevice.bench import BenchResult, best_of_sweep, config_name, run_config
 from ondevice.cli import options as opt
 from ondevice.cli.run_cmd import _load, console, err, make_spec
 from ondevice.errors import OndeviceError
@@ -51,6 +52,30 @@ def sweep_verdict(results: list[BenchResult]) -> dict | None:
             "best_tokens_per_second": best.tokens_per_second, "auto_over_best": ratio, "within_10_percent": ratio >= 0.9}
 
 
+def report_line(result: BenchResult, as_json: bool) -> None:
+    if not err.is_terminal and not as_json:  # logs and CI: one line per configuration as it ends
+        err.print(f"{result.config}: {result.tokens_per_pass:.2f} tokens/pass, {result.tokens_per_second:.2f} tok/s")
+
+
+def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sampling, advance) -> BenchResult:
+    """`--tree auto` as a chat runs it: the planner re-plans before each prompt and learns after it."""
+    result = BenchResult("auto", "auto", 0)
+    plans = []
+    for ids in prompts:
+        pipe.engine.cached = []
+        for record in pipe.stream_tokens(ids, max_tokens=max_tokens, sampling=sampling, spec=spec):
+            if record.stats is not None:
+                result.add(record.stats)
+        plans.append(pipe.planner.plan)
+        advance()
+    labels = Counter("target only" if p.budget == 0 else f"{p.builder} @{p.budget}" for p in plans)
+    result.config = "auto: " + ", ".join(f"{label} ×{n}" for label, n in labels.items())
+    if plans[-1].fallback_reason:
+        result.config += f" — fallback: {plans[-1].fallback_reason}"
+    result.predicted_tokens_per_second = sum(p.predicted_tokens_per_second for p in plans) / len(plans)
+    return result
+
+
 def bench(
     model: opt.Model = None,
     trees: str = typer.Option("auto,chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare (auto: the planner's choice)."),
@@ -85,23 +110,21 @@ def bench(
     with Progress(*columns, console=err, disable=as_json) as progress:
         for spec in specs:
             auto = spec is not None and spec.builder == "auto"
-            spec = pipe.resolve(spec, sampling)  # auto: the planner's choice for this machine
-            label = f"{spec.builder} @{spec.budget}" if spec else "target only"
-            task = progress.add_task(("auto: " if auto else "") + label, total=len(ids))
-            predicted = pipe.planner.predict(spec.builder, spec.budget) if spec and pipe.planner and not auto else None
+            task = progress.add_task("auto" if auto else config_name(spec), total=len(ids))
+            if auto:  # re-planned before every prompt and learning after each, as in a chat
+                results.append(run_auto(pipe, ids, spec, max_tokens, sampling, lambda: progress.advance(task)))
+                report_line(results[-1], as_json)
+                continue
+            label = config_name(spec)
+            predicted = pipe.planner.predict(spec.builder, spec.budget) if spec and pipe.planner else None
             try:
                 result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
             except OndeviceError as e:  # one configuration this machine cannot run: say so, measure the rest
                 result = BenchResult(label, spec.builder, spec.budget, error=str(e))
                 err.print(f"{label}: skipped — {e}")
             result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
-            if auto:
-                plan = pipe.planner.plan
-                result.config = f"auto ({label})" + (f" — fallback: {plan.fallback_reason}" if plan.fallback_reason else "")
-                result.predicted_tokens_per_second = plan.predicted_tokens_per_second
             results.append(result)
-            if not err.is_terminal and not as_json:  # logs and CI: one line per configuration as it ends
-                err.print(f"{result.config}: {result.tokens_per_pass:.2f} tokens/pass, {result.tokens_per_second:.2f} tok/s")
+            report_line(result, as_json)
     verdict = sweep_verdict(results)
     report = {"model": pipe.pair.name, "target_backend": pipe.target_backend, "machine": platform.processor() or platform.machine(),
               "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": len(ids), "prompt_set": prompt_set,
