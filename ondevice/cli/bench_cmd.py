@@ -52,6 +52,15 @@ def sweep_verdict(results: list[BenchResult]) -> dict | None:
             "best_tokens_per_second": best.tokens_per_second, "auto_over_best": ratio, "within_10_percent": ratio >= 0.9}
 
 
+def save_report(out: str | None, pipe, results: list[BenchResult], max_tokens: int, prompts: int, prompt_set: str) -> dict:
+    report = {"model": pipe.pair.name, "target_backend": pipe.target_backend, "machine": platform.processor() or platform.machine(),
+              "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": prompts, "prompt_set": prompt_set,
+              "results": [r.to_dict() for r in results], "sweep": sweep_verdict(results)}
+    if out:
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
 def report_line(result: BenchResult, as_json: bool) -> None:
     if not err.is_terminal and not as_json:  # logs and CI: one line per configuration as it ends
         err.print(f"{result.config}: {result.tokens_per_pass:.2f} tokens/pass, {result.tokens_per_second:.2f} tok/s")
@@ -114,6 +123,7 @@ def bench(
             if auto:  # re-planned before every prompt and learning after each, as in a chat
                 results.append(run_auto(pipe, ids, spec, max_tokens, sampling, lambda: progress.advance(task)))
                 report_line(results[-1], as_json)
+                report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set)
                 continue
             label = config_name(spec)
             predicted = pipe.planner.predict(spec.builder, spec.budget) if spec and pipe.planner else None
@@ -125,12 +135,8 @@ def bench(
             result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
             results.append(result)
             report_line(result, as_json)
-    verdict = sweep_verdict(results)
-    report = {"model": pipe.pair.name, "target_backend": pipe.target_backend, "machine": platform.processor() or platform.machine(),
-              "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": len(ids), "prompt_set": prompt_set,
-              "results": [r.to_dict() for r in results], "sweep": verdict}
-    if out:
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+            report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set)  # after each: a long sweep keeps what it measured
+    verdict = report["sweep"]
     if as_json:
         print(json.dumps(report, indent=2))
         return
