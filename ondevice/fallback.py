@@ -22,7 +22,6 @@ fresh prompts on the target alone, could never be proven wrong.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +31,7 @@ import numpy as np
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.hardware import Curves
 from ondevice.optimizer import Plan, acceptance_dir
+from ondevice.paths import write_json
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
 
@@ -103,12 +103,7 @@ class LookupTracker:
         return {k: getattr(self, k) for k in self.FIELDS}
 
     def save(self, pair: str) -> Path:
-        path = acceptance_dir() / f"{pair}-lookup.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, path)
-        return path
+        return write_json(acceptance_dir() / f"{pair}-lookup.json", self.to_dict())
 
     @classmethod
     def load(cls, pair: str) -> "LookupTracker":

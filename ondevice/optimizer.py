@@ -17,7 +17,6 @@ actually accepts, so the engine can re-plan when acceptance drifts.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -25,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.hardware import Curves, powers_of_two
+from ondevice.paths import write_json
 from ondevice.planner import MAX_DEPTH, MAX_RANK, chain_tokens_per_pass, sequoia_table
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
@@ -214,12 +214,7 @@ class AcceptanceTracker:
         return tracker
 
     def save(self, pair: str) -> Path:
-        path = acceptance_dir() / f"{pair}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, path)
-        return path
+        return write_json(acceptance_dir() / f"{pair}.json", self.to_dict())
 
     @classmethod
     def load(cls, pair: str) -> "AcceptanceTracker":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,3 +18,12 @@ def home() -> Path:
 def models_dir() -> Path:
     """Downloaded model files (GGUF), named as in the catalog."""
     return home() / "models"
+
+
+def write_json(path: Path, data) -> Path:
+    """Write JSON atomically (temporary file, then rename): readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,17 +26,14 @@ from ondevice.hardware import (
     measure_target_curve,
     powers_of_two,
 )
+from ondevice.paths import home, write_json
 
 FORMAT_VERSION = 1
 
 
 def data_home() -> Path:
-    """ondevice.paths.home(), or the same rule by hand where that module is missing."""
-    try:
-        from ondevice.paths import home
-    except ImportError:
-        return Path(os.environ.get("ONDEVICE_HOME") or Path.home() / ".cache" / "ondevice").expanduser()
-    return Path(home())
+    """Where profiles and acceptance estimates live: ondevice's home folder (ondevice.paths)."""
+    return home()
 
 
 def file_identity(path: Path, sha256: str | None = None) -> dict:
@@ -91,12 +87,7 @@ def profile_path(fingerprint: str, pair: str, backend: str) -> Path:
 
 
 def save_profile(profile: Profile) -> Path:
-    path = profile_path(profile.machine.fingerprint(), profile.pair, profile.backend)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_json(profile_path(profile.machine.fingerprint(), profile.pair, profile.backend), profile.to_dict())
 
 
 def load_profile(facts: MachineFacts, backends: ProfileBackends) -> Profile | None:
