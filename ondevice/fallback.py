@@ -34,6 +34,7 @@ from ondevice.optimizer import Plan, acceptance_dir
 from ondevice.paths import write_json
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
+from ondevice.verify import child_index
 
 # Prior: little of the text matches and few drafted tokens are accepted, so on a steep CPU target
 # curve (t(2) ≈ 1.5·t(1)) lookup must first prove itself; on a flat (offloaded) curve it still wins,
@@ -144,7 +145,7 @@ def fallback_plan(plan: Plan, curves: Curves, tracker: LookupTracker, overhead_p
 
 def follow(tree: DraftTree, continuation: Sequence[int]) -> list[int]:
     """The root-first path greedy verification would accept if the target emits `continuation`."""
-    child = {(int(tree.parents[i]), int(tree.tokens[i])): i for i in range(1, len(tree))}
+    child = child_index(tree)
     path = [0]
     for token in continuation:
         nxt = child.get((path[-1], int(token)))

@@ -42,12 +42,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ondevice.protocols import Drafter, DraftSpec, Target
+from ondevice.protocols import MAX_BUDGET, Drafter, DraftSpec, Target
 from ondevice.tree import DraftTree
 from ondevice.verify import Verdict
-
-MAX_BUDGET = 2048  # the largest draft budget drafters accept (LlamaDrafter, --budget)
-
 
 def likely_path(tree: DraftTree) -> list[int]:
     """The drafter's top-1 path root→leaf: at each node the child with the highest draft log-prob."""

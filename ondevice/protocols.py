@@ -47,6 +47,8 @@ class Target(Protocol):
         ...
 
 
+MAX_BUDGET = 2048  # the most drafted nodes per target pass any drafter or --budget accepts
+
 MODEL_BUILDERS = ("chain", "best-first", "multi-seq")  # trees grown by the drafter model
 FREE_BUILDERS = ("lookup",)  # no model: prompt lookup (draft/lookup.py)
 BUILDERS = MODEL_BUILDERS + FREE_BUILDERS

@@ -71,14 +71,14 @@ def target_probs(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
     return p
 
 
-def _child_index(tree: DraftTree) -> dict[tuple[int, int], int]:
+def child_index(tree: DraftTree) -> dict[tuple[int, int], int]:
     """(parent node, token) → child node."""
     return {(int(tree.parents[i]), int(tree.tokens[i])): i for i in range(1, len(tree))}
 
 
 def verify_greedy(tree: DraftTree, logits: np.ndarray) -> Verdict:
     choice = logits.argmax(axis=-1)  # (n,) the target's token after each node
-    child = _child_index(tree)
+    child = child_index(tree)
     path = [0]
     while (path[-1], int(choice[path[-1]])) in child:
         path.append(child[(path[-1], int(choice[path[-1]]))])
@@ -86,7 +86,7 @@ def verify_greedy(tree: DraftTree, logits: np.ndarray) -> Verdict:
 
 
 def verify_specexec(tree: DraftTree, logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> Verdict:
-    child = _child_index(tree)
+    child = child_index(tree)
     path = [0]
     while True:
         p = target_probs(logits[path[-1]], sampling)

@@ -19,10 +19,8 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from ondevice.catalog import load_pair
 from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
-from ondevice.hub import local_path
 from ondevice.llama_backend import LlamaContext, LlamaModel
 from ondevice.prompts import CALIBRATION
 from ondevice.quant import vocab_trim as vt
@@ -36,11 +34,8 @@ K = 4096  # small: fast to write, and most ids of any text fall outside it (inpu
 
 
 @pytest.fixture(scope="session")
-def real_drafter() -> Path:
-    path = local_path(load_pair(None).drafter)
-    if not path.exists():
-        pytest.skip(f"the real drafter is not downloaded ({path}); run `ondevice download`")
-    return path
+def real_drafter(real_pair) -> Path:
+    return Path(real_pair.drafter)  # downloaded on first use (conftest), never skipped
 
 
 @pytest.fixture(scope="session")
@@ -220,16 +215,13 @@ def test_write_trimmed_gguf_keeps_rows_vocab_and_whole_merges(tmp_path):
 
 
 @pytest.mark.real
-def test_cli_builds_a_trimmed_drafter_that_is_found(tmp_path, monkeypatch, real_drafter):
+def test_cli_builds_a_trimmed_drafter_that_is_found(tmp_path, monkeypatch, real_pair, real_drafter):
     """`ondevice quant vocab-trim` end to end on one short calibration prompt, in a temp home."""
     from typer.testing import CliRunner
 
     from ondevice.cli.quant_cmd import app
 
-    pair = load_pair(None)
-    target = local_path(pair.target)
-    if not target.exists():
-        pytest.skip(f"the real target is not downloaded ({target}); run `ondevice download`")
+    target = Path(real_pair.target)
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     models = tmp_path / "models"
     models.mkdir()

@@ -12,7 +12,7 @@ from ondevice.cli import options as opt
 from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
 from ondevice.optimizer import plan_as_dict as plan_dict
-from ondevice.protocols import BUILDERS, DraftSpec
+from ondevice.protocols import BUILDERS, MAX_BUDGET, DraftSpec
 from ondevice.verify import Sampling
 
 console = Console(highlight=False)
@@ -21,18 +21,22 @@ err = Console(stderr=True, highlight=False)
 DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "lookup": 6}  # lookup: passes of <= 7 tokens (cheap on a CPU target)
 
 
+def check_budget(budget: int) -> None:
+    if not 1 <= budget <= MAX_BUDGET:
+        raise OndeviceError(f"--budget must be between 1 and {MAX_BUDGET} (got {budget}).")
+
+
 def make_spec(tree: str, budget: int | None, no_draft: bool, sampling: Sampling) -> DraftSpec | None:
     if no_draft:
         return None
     if tree == "auto":  # the pipeline's planner picks builder and budget for this machine
-        if budget is not None and not 1 <= budget <= 2048:
-            raise OndeviceError(f"--budget must be between 1 and 2048 (got {budget}).")
+        if budget is not None:
+            check_budget(budget)
         return DraftSpec(builder="auto", budget=budget or 0, temperature=sampling.temperature, seed=sampling.seed)
     if tree not in BUILDERS:
         raise OndeviceError(f"unknown tree builder {tree!r}; choose one of {', '.join(BUILDERS + ('auto',))}.")
     budget = DEFAULT_BUDGET[tree] if budget is None else budget
-    if not 1 <= budget <= 2048:
-        raise OndeviceError(f"--budget must be between 1 and 2048 (got {budget}).")
+    check_budget(budget)
     return DraftSpec(builder=tree, budget=budget, temperature=sampling.temperature, seed=sampling.seed)
 
 

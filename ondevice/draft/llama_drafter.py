@@ -18,10 +18,8 @@ from ondevice.draft.tree_cache import DraftKV
 from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import MAX_SEQUENCES, LlamaContext, LlamaModel
-from ondevice.protocols import MODEL_BUILDERS, DraftSpec
+from ondevice.protocols import MAX_BUDGET, MODEL_BUILDERS, DraftSpec
 from ondevice.tree import DraftTree
-
-MAX_BUDGET = 2048
 
 
 def check_spec(spec: DraftSpec) -> None:
