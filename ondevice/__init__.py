@@ -1,3 +1,17 @@
-"""ondevice: exact speculative decoding on the hardware you own."""
+"""ondevice: exact speculative decoding on the hardware you own.
+
+    import ondevice
+    with ondevice.load() as pipe:  # the default pair, downloaded on first use
+        for record in pipe.stream([{"role": "user", "content": "Hello"}], max_tokens=64):
+            print(record.text, end="")
+"""
 
 __version__ = "0.1.0"
+
+
+def load(pair: str | None = None, **options):
+    """Load a model pair into a `Pipeline` (see `ondevice.pipeline.LoadOptions` for the options).
+    Imported lazily: `import ondevice` stays cheap (no torch, no llama.cpp)."""
+    from ondevice.pipeline import load as load_pipeline
+
+    return load_pipeline(pair, **options)

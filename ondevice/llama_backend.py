@@ -30,6 +30,7 @@ import llama_cpp
 import numpy as np
 
 from ondevice.errors import OndeviceError
+from ondevice.plan.hardware import default_threads
 
 GGUF_MAGIC = b"GGUF"
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
@@ -90,14 +91,6 @@ def check_gguf_file(path: str | Path) -> Path:
     if magic != GGUF_MAGIC:
         raise OndeviceError(f"{path} is not a GGUF model file (it may be corrupt); download it again.")
     return path
-
-
-def default_threads() -> int:
-    """Physical cores available to this process (llama.cpp gains nothing from hyper-threads)."""
-    import psutil
-
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(psutil.cpu_count(logical=False) or allowed, allowed))
 
 
 # --- models -----------------------------------------------------------------------------------

@@ -6,15 +6,16 @@ Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | promp
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ondevice import catalog, hub
-from ondevice.autoplan import CPU_MAX_TREE, AutoPlanner
+from ondevice.catalog import hub, pairs as catalog
+from ondevice.plan.auto import CPU_MAX_TREE, AutoPlanner
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
+from ondevice.plan.hardware import default_threads
 from ondevice.protocols import DraftSpec
+from ondevice.sizes import parse_size
 from ondevice.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
 
@@ -33,6 +34,19 @@ class LoadOptions:
     gpu_memory: str | None = None
     ram_memory: str | None = None
     overlap: bool | None = None  # draft while the target verifies; None: when the target is on a GPU
+
+    def checked(self) -> "LoadOptions":
+        """These options, or an OndeviceError naming the bad one: checked before anything is downloaded."""
+        if self.target_backend not in TARGET_BACKENDS:
+            raise OndeviceError(f"unknown target backend {self.target_backend!r}; choose one of {', '.join(TARGET_BACKENDS)}.")
+        for flag, size in (("--gpu-memory", self.gpu_memory), ("--ram-memory", self.ram_memory)):
+            if size is not None and parse_size(size) <= 0:
+                raise OndeviceError(f"{flag} must be more than 0 bytes (got {size!r}).")
+        if self.threads is not None and self.threads < 1:
+            raise OndeviceError(f"--threads must be at least 1 (got {self.threads}).")
+        if self.n_ctx < 16:
+            raise OndeviceError(f"--ctx must be at least 16 tokens (got {self.n_ctx}).")
+        return self
 
 
 @dataclass
@@ -92,15 +106,7 @@ class Pipeline:
         return self.stream_tokens(ids, **kwargs)
 
 
-def default_threads() -> int:
-    import psutil
-
-    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
-
-
 def _pick_backend(name: str) -> str:
-    if name not in TARGET_BACKENDS:
-        raise OndeviceError(f"unknown target backend {name!r}; choose one of {', '.join(TARGET_BACKENDS)}.")
     if name != "auto":
         return name
     import torch
@@ -129,7 +135,12 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int):
 
 
 def load(pair: str | None = None, **kwargs) -> Pipeline:
-    opts = LoadOptions(pair=pair, **kwargs)
+    """Load a model pair (downloading it on first use); kwargs are `LoadOptions` fields."""
+    return load_pipeline(LoadOptions(pair=pair, **kwargs))
+
+
+def load_pipeline(opts: LoadOptions) -> Pipeline:
+    opts.checked()
     spec = catalog.load_pair(opts.pair)
     files = hub.ensure_pair(spec, announce_cached=False)  # downloads on first use
     threads = opts.threads or default_threads()
@@ -161,7 +172,7 @@ def _with_lookup(drafter, n_vocab: int):
 
 
 def _profile_backends(pair, files, backend: str, threads: int, make_target, make_decode_batch):
-    from ondevice.profile_store import ProfileBackends
+    from ondevice.plan.profile import ProfileBackends
     import torch
 
     on_gpu = backend == "torch" and torch.cuda.is_available()
@@ -173,17 +184,17 @@ def _profile_backends(pair, files, backend: str, threads: int, make_target, make
     )
 
 
-def load_backends(pair: str | None = None, target_backend: str = "auto", threads: int | None = None, n_ctx: int = 4096):
+def load_backends(opts: LoadOptions):
     """What `ondevice profile` measures: the pair's files and factories for its target and drafter."""
-    spec = catalog.load_pair(pair)
+    opts.checked()
+    spec = catalog.load_pair(opts.pair)
     files = hub.ensure_pair(spec, announce_cached=False)
-    threads = threads or default_threads()
-    backend = _pick_backend(target_backend)
-    opts = LoadOptions(pair=pair, target_backend=backend, threads=threads, n_ctx=n_ctx)
+    threads = opts.threads or default_threads()
+    backend = _pick_backend(opts.target_backend)
 
     def make_decode_batch():
         from ondevice.draft.llama_drafter import LlamaDrafter
 
-        return LlamaDrafter(files.drafter, n_ctx=n_ctx, threads=threads).probe_batch
+        return LlamaDrafter(files.drafter, n_ctx=opts.n_ctx, threads=threads).probe_batch
 
     return _profile_backends(spec, files, backend, threads, lambda: _load_target(backend, files.target, opts, threads), make_decode_batch)

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from ondevice.catalog import load_pair
-from ondevice.hub import PairFiles, ensure_pair
+from ondevice.catalog.pairs import load_pair
+from ondevice.catalog.hub import PairFiles, ensure_pair
 
 
 @pytest.fixture(scope="session")
 def real_pair() -> PairFiles:
     """Verified paths of the default pair in the default cache (mark tests using it `real`)."""
     return ensure_pair(load_pair(None))
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the real pair is a `real` test, marked or not: `-m "not real"` never downloads."""
+    for item in items:
+        if "real_pair" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ondevice import paths
-from ondevice.catalog import REPO_CATALOG, list_pairs, load_pair
+from ondevice.catalog.pairs import REPO_CATALOG, list_pairs, load_pair
 from ondevice.errors import OndeviceError
 
 SHA_A = "a" * 64

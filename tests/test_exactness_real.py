@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ondevice import prompts
+from ondevice.eval import prompts
 from ondevice.engine import SpecEngine, Step
-from ondevice.numerics import measure_batch_noise, top2_margin
+from ondevice.eval.numerics import measure_batch_noise, top2_margin
 from ondevice.protocols import DraftSpec
 from ondevice.tokenizer import Tokenizer
 from ondevice.tree import DraftTree

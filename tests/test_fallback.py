@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ondevice import autoplan
+from ondevice.plan import auto as autoplan
 from ondevice.draft.lookup import PromptLookupDrafter
-from ondevice.fallback import LookupTracker, fallback_plan, follow, lookup_plan, replay
-from ondevice.hardware import Curves, LatencyCurve, powers_of_two
-from ondevice.optimizer import choose_plan, default_p_rank
+from ondevice.plan.fallback import LookupTracker, fallback_plan, follow, lookup_plan, replay
+from ondevice.plan.hardware import Curves, LatencyCurve, powers_of_two
+from ondevice.plan.acceptance import default_p_rank
+from ondevice.plan.cost_model import choose_plan
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
 from ondevice.verify import Sampling

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from ondevice import profile_store
-from ondevice.hardware import (
+from ondevice.plan import profile as profile_store
+from ondevice.plan.hardware import (
     LatencyCurve,
     machine_facts,
     measure_disk_read,
@@ -20,7 +20,7 @@ from ondevice.hardware import (
     measure_target_curve,
     powers_of_two,
 )
-from ondevice.profile_store import ProfileBackends, get_profile
+from ondevice.plan.profile import ProfileBackends, get_profile
 from ondevice.tree import DraftTree
 
 
@@ -47,7 +47,7 @@ def test_pinned_bandwidth_on_a_gpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from ondevice.hardware import measure_pinned_bandwidth
+    from ondevice.plan.hardware import measure_pinned_bandwidth
 
     h2d, d2h = measure_pinned_bandwidth(64 << 20)
     assert h2d > 0.5 and d2h > 0.5  # GB/s; PCIe 3 x16 gives ~12, a broken (pageable) path still > 0.5

@@ -22,8 +22,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ondevice import hub, pypi_parts
-from ondevice.catalog import load_pair
+from ondevice.catalog import hub, pypi_parts
+from ondevice.catalog.pairs import load_pair
 from ondevice.cli.app import app
 from ondevice.errors import OndeviceError
 

@@ -15,8 +15,8 @@ from ondevice.draft.lookup import PromptLookupDrafter, find_matches
 from ondevice.draft.router import DraftRouter
 from ondevice.engine import SpecEngine, Step
 from ondevice.errors import OndeviceError
-from ondevice.numerics import logits_one_by_one, measure_batch_noise, top2_margin
-from ondevice.optimizer import AcceptanceTracker
+from ondevice.eval.numerics import logits_one_by_one, measure_batch_noise, top2_margin
+from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
 from ondevice.verify import Sampling, target_probs, verify_sequoia, verify_specexec

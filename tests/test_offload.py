@@ -22,7 +22,8 @@ from torch import nn
 from offload_toys import run_stack, toy_names, toy_stack, toy_stack_from_gguf, write_toy_gguf
 from ondevice.errors import OndeviceError
 from ondevice.offload.build import gguf_layouts, gguf_names_from_table, offload_blocks, param_layouts, plan_for
-from ondevice.offload.placement import Placement, parse_size, plan_placement
+from ondevice.offload.placement import Placement, plan_placement
+from ondevice.sizes import parse_size
 from ondevice.paths import models_dir
 from ondevice.quant import groupwise
 from ondevice.quant.groupwise import GroupSpec

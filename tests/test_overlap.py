@@ -246,7 +246,7 @@ def test_a_drafter_error_waits_for_the_target_pass(target, drafters):
 @pytest.mark.real
 def test_overlap_on_the_real_pair_equals_target_alone(real_pair):
     """llama.cpp target + drafter, chain @4 (5-node passes are bit-exact in llama.cpp), 2 prompts × 32 tokens."""
-    from ondevice import prompts
+    from ondevice.eval import prompts
     from ondevice.draft.llama_drafter import LlamaDrafter
     from ondevice.target.llama_target import LlamaTarget
     from ondevice.tokenizer import Tokenizer

@@ -7,9 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from ondevice.hardware import Curves, LatencyCurve, powers_of_two
-from ondevice.optimizer import AcceptanceTracker, choose_plan, default_p_rank
-from ondevice.planner import SequoiaTable, chain_tokens_per_pass, optimal_tree, tree_tokens_per_pass
+from ondevice.plan.hardware import Curves, LatencyCurve, powers_of_two
+from ondevice.plan.acceptance import AcceptanceTracker, default_p_rank
+from ondevice.plan.cost_model import choose_plan
+from ondevice.plan.sequoia import SequoiaTable, chain_tokens_per_pass, optimal_tree, tree_tokens_per_pass
 from ondevice.tree import DraftTree
 
 P_VECTORS = [

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.numerics import measure_batch_noise, top2_margin
+from ondevice.eval.numerics import measure_batch_noise, top2_margin
 from ondevice.target import torch_target, weights
 from ondevice.target.torch_model import ModelArgs
 from ondevice.target.torch_target import TorchTarget

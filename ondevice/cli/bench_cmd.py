@@ -11,11 +11,12 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ondevice import prompts as prompt_sets
-from ondevice.bench import BenchResult, best_of_sweep, config_name, run_config
+from ondevice.eval import prompts as prompt_sets
+from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, run_config
 from ondevice.cli import options as opt
-from ondevice.cli.run_cmd import _load, console, err, make_spec
+from ondevice.cli.decoding import console, err, load_pipeline, make_spec
 from ondevice.errors import OndeviceError
+from ondevice.pipeline import LoadOptions
 from ondevice.verify import Sampling
 
 
@@ -85,23 +86,18 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
     return result
 
 
+@opt.load_options
 def bench(
-    model: opt.Model = None,
     trees: str = typer.Option("auto,chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare (auto: the planner's choice)."),
     budgets: str = typer.Option("4,16,64", "--budgets", help="Comma-separated draft budgets (nodes per target pass)."),
     prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays) or calibration."),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
     max_tokens: opt.MaxTokens = 128,
     temperature: opt.Temperature = 0.0,
-    target_backend: opt.TargetBackend = "auto",
-    vocab_trim: opt.VocabTrim = True,
-    threads: opt.Threads = None,
-    ctx: opt.Ctx = 4096,
-    gpu_memory: opt.GpuMemory = None,
-    ram_memory: opt.RamMemory = None,
-    overlap: opt.Overlap = None,
     as_json: opt.Json = False,
     out: str = typer.Option(None, "--out", help="Also write the JSON report to this file (README figures come from such files)."),
+    *,
+    load: LoadOptions,
 ) -> None:
     """Measure tokens per target pass and tok/s: the target alone vs each tree builder and budget."""
     sets = {"eval": prompt_sets.EVAL, "code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL, "edit": prompt_sets.EDIT_EVAL, "calibration": prompt_sets.CALIBRATION}
@@ -111,7 +107,9 @@ def bench(
     tree_list, budget_list = parse_list(trees), parse_list(budgets, int)
     specs = [None] + [make_spec(t, None, False, sampling) for t in tree_list if t == "auto"]
     specs += [make_spec(t, b, False, sampling) for t in tree_list if t != "auto" for b in budget_list]
-    pipe = _load(model, target_backend, False, vocab_trim, threads, ctx, gpu_memory, ram_memory, overlap=overlap)
+    if not load.draft:  # --no-draft: only the target-alone row
+        specs = [None]
+    pipe = load_pipeline(load)
     texts = sets[prompt_set][: limit or None]
     ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
     results = []

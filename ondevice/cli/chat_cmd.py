@@ -11,8 +11,9 @@ import sys
 import typer
 
 from ondevice.cli import options as opt
-from ondevice.cli.run_cmd import _load, console, err, make_spec, stats_line
+from ondevice.cli.decoding import console, err, load_pipeline, make_spec, stats_line
 from ondevice.errors import OndeviceError
+from ondevice.pipeline import LoadOptions
 from ondevice.verify import Sampling
 
 HELP = """commands:
@@ -54,29 +55,24 @@ def apply_set(settings: dict, args: list[str]) -> None:
         raise OndeviceError(f"{key} needs a {kinds[key].__name__}, got {value!r}.") from None
 
 
+@opt.load_options
 def chat(
-    model: opt.Model = None,
     max_tokens: opt.MaxTokens = 1024,
     temperature: opt.Temperature = 0.0,
     top_p: opt.TopP = 1.0,
     top_k: opt.TopK = 0,
     seed: opt.Seed = 0,
-    no_draft: opt.NoDraft = False,
     tree: opt.Tree = "auto",
     budget: opt.Budget = None,
-    target_backend: opt.TargetBackend = "auto",
-    vocab_trim: opt.VocabTrim = True,
-    threads: opt.Threads = None,
-    ctx: opt.Ctx = 4096,
-    gpu_memory: opt.GpuMemory = None,
-    ram_memory: opt.RamMemory = None,
-    overlap: opt.Overlap = None,
     system: str = typer.Option("", "--system", help="System prompt."),
+    *,
+    load: LoadOptions,
 ) -> None:
     """Chat with the model in the terminal (downloads the default pair on first use)."""
     settings = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, tree=tree, budget=budget, system=system)
+    no_draft = not load.draft
     make_spec(tree, budget, no_draft, Sampling(temperature, top_p, top_k, seed))  # bad options fail before loading
-    pipe = _load(model, target_backend, no_draft, vocab_trim, threads, ctx, gpu_memory, ram_memory, overlap=overlap)
+    pipe = load_pipeline(load)
     err.print(f"[dim]{pipe.pair.description} · target on {pipe.target_backend} {pipe.placement} · /help for commands, /bye to exit[/]")
     history: list[dict[str, str]] = []
     while True:

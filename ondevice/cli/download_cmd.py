@@ -12,8 +12,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ondevice import hub
-from ondevice.catalog import ModelFile, list_pairs, load_pair
+from ondevice.catalog import hub
+from ondevice.catalog.pairs import ModelFile, list_pairs, load_pair
 
 PairArgument = Annotated[
     str | None,

@@ -14,22 +14,20 @@ from rich.console import Console
 from rich.table import Table
 
 from ondevice.cli import options as opt
-from ondevice.optimizer import AcceptanceTracker, Plan, choose_plan, plan_as_dict
-from ondevice.profile_store import Profile, ProfileBackends, get_profile, profile_path
+from ondevice.pipeline import LoadOptions, load_backends
+from ondevice.plan.acceptance import AcceptanceTracker
+from ondevice.plan.cost_model import Plan, choose_plan, plan_as_dict
+from ondevice.plan.profile import Profile, ProfileBackends, get_profile, profile_path
 
 Refresh = Annotated[bool, typer.Option("--refresh", help="Measure again even if a saved profile is current.")]
 
 console = Console(highlight=False)
 
 
-def profile(
-    model: opt.Model = None, target_backend: opt.TargetBackend = "auto", threads: opt.Threads = None,
-    as_json: opt.Json = False, refresh: Refresh = False,
-) -> None:
+@opt.load_options
+def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOptions) -> None:
     """Show this machine's facts, bandwidths and latency curves, and the draft plan they imply."""
-    from ondevice.pipeline import load_backends  # the pipeline chooses the backends (one place)
-
-    backends = load_backends(opt.default_model(model), target_backend=target_backend, threads=threads)
+    backends = load_backends(load)  # the pipeline chooses the backends (one place)
     show_profile(backends, as_json=as_json, refresh=refresh)
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from ondevice.offload.disk import DiskReader, drop_page_cache
 from ondevice.offload.layout import gguf_tensor_index, layout_from_gguf
-from ondevice.offload.placement import format_bytes
+from ondevice.sizes import format_bytes
 
 CHUNK = 16 * 2**20
 

@@ -29,7 +29,7 @@ from torch import nn
 from ondevice.offload.copy_engine import copy_engine_for
 from ondevice.offload.disk import DiskReader
 from ondevice.offload.layout import LayerLayout, free_params, point_params, unpack
-from ondevice.offload.placement import format_bytes
+from ondevice.sizes import format_bytes
 
 
 @dataclass

@@ -4,15 +4,16 @@ The profile (latency curves of this machine's target and drafter) is measured on
 already loaded, saved, and reused. Before each answer the plan is re-chosen from the profile and
 the acceptance-by-rank vector learned so far (AcceptanceTracker), plus the per-pass overhead the
 engine measured; after each answer the tracker is saved. Where model drafting does not pay, the
-plan falls back to prompt lookup or the target alone (`ondevice.fallback`), whichever is predicted
+plan falls back to prompt lookup or the target alone (`ondevice.plan.fallback`), whichever is predicted
 faster from what lookup achieved so far (LookupTracker, also saved).
 """
 
 from __future__ import annotations
 
-from ondevice.fallback import LookupTracker, fallback_plan, replay
-from ondevice.optimizer import AcceptanceTracker, Plan, choose_plan, predict
-from ondevice.profile_store import ProfileBackends, get_profile
+from ondevice.plan.fallback import LookupTracker, fallback_plan, replay
+from ondevice.plan.acceptance import AcceptanceTracker
+from ondevice.plan.cost_model import Plan, choose_plan, predict
+from ondevice.plan.profile import ProfileBackends, get_profile
 from ondevice.protocols import DraftSpec
 from ondevice.verify import Sampling
 

@@ -18,7 +18,7 @@ from typing import Any
 from ondevice import paths
 from ondevice.errors import OndeviceError
 
-REPO_CATALOG = Path(__file__).resolve().parent.parent / "models"
+REPO_CATALOG = Path(__file__).parent / "models"  # the top-level models/ folder (a link in the source tree, copied into the wheel)
 
 _MISSING = object()
 

@@ -26,7 +26,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import BinaryIO
 
-from ondevice.catalog import ModelFile
+from ondevice.catalog.pairs import ModelFile
 
 DEFAULT_PYPI_INDEX = "https://pypi.org/simple"
 PYPI_INDEX_ENV = "ONDEVICE_PYPI_INDEX"

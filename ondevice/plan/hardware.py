@@ -85,11 +85,23 @@ def gpu_facts() -> list[GpuFacts]:
     return gpus
 
 
+def usable_cores() -> int:
+    """Logical CPUs this process may run on (its affinity mask: taskset, cgroups, containers)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """Compute threads: physical cores, but never more than the CPUs this process may use
+    (llama.cpp and torch gain nothing from hyper-threads and lose a lot to oversubscription)."""
+    usable = usable_cores()
+    return max(1, min(psutil.cpu_count(logical=False) or usable, usable))
+
+
 def machine_facts(data_dir: Path | None = None) -> MachineFacts:
     info = _cpuinfo()
     flags = set((info.get("flags") or info.get("Features") or "").split())
     vm = psutil.virtual_memory()
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count() or 1
+    usable = usable_cores()
     disk_dir = data_dir if data_dir is not None and data_dir.exists() else Path.home()
     return MachineFacts(
         cpu_model=info.get("model name") or platform.processor() or platform.machine(),

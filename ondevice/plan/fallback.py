@@ -29,8 +29,9 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.draft.lookup import PromptLookupDrafter
-from ondevice.hardware import Curves
-from ondevice.optimizer import Plan, acceptance_dir
+from ondevice.plan.hardware import Curves
+from ondevice.plan.acceptance import acceptance_dir
+from ondevice.plan.cost_model import Plan
 from ondevice.paths import write_json
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree

@@ -44,8 +44,9 @@ from rich.progress import (
 )
 from tqdm.auto import tqdm
 
-from ondevice import paths, pypi_parts
-from ondevice.catalog import ModelFile, ModelPair
+from ondevice import paths
+from ondevice.catalog import pypi_parts
+from ondevice.catalog.pairs import ModelFile, ModelPair
 from ondevice.errors import OndeviceError
 
 try:

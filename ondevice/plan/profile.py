@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ondevice.hardware import (
+from ondevice.plan.hardware import (
     Bandwidths,
     Curves,
     MachineFacts,
@@ -29,11 +29,6 @@ from ondevice.hardware import (
 from ondevice.paths import home, write_json
 
 FORMAT_VERSION = 1
-
-
-def data_home() -> Path:
-    """Where profiles and acceptance estimates live: ondevice's home folder (ondevice.paths)."""
-    return home()
 
 
 def file_identity(path: Path, sha256: str | None = None) -> dict:
@@ -83,7 +78,7 @@ class Profile:
 
 
 def profile_path(fingerprint: str, pair: str, backend: str) -> Path:
-    return data_home() / "profiles" / f"{fingerprint}-{pair}-{backend}.json"
+    return home() / "profiles" / f"{fingerprint}-{pair}-{backend}.json"
 
 
 def save_profile(profile: Profile) -> Path:
@@ -106,7 +101,7 @@ def load_profile(facts: MachineFacts, backends: ProfileBackends) -> Profile | No
 def measure_profile(backends: ProfileBackends, show: bool = True, context_tokens: int = 64) -> Profile:
     """Measure everything (minutes for a large target): facts, bandwidths, then each curve."""
     t0 = time.perf_counter()
-    facts = machine_facts(data_home())
+    facts = machine_facts(home())
     target_file = Path(backends.model_files[0][0])
     # The disk goes first: once a backend has the file mapped its pages can't be dropped from the cache.
     disk = measure_disk_read(target_file)
@@ -135,7 +130,7 @@ def measure_profile(backends: ProfileBackends, show: bool = True, context_tokens
 def get_profile(backends: ProfileBackends, refresh: bool = False, show: bool = True) -> tuple[Profile, bool]:
     """(profile, reused): the saved one while it is current, else a fresh measurement, saved."""
     if not refresh:
-        saved = load_profile(machine_facts(data_home()), backends)
+        saved = load_profile(machine_facts(home()), backends)
         if saved is not None:
             return saved, True
     profile = measure_profile(backends, show=show)

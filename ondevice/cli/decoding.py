@@ -1,0 +1,59 @@
+"""What generate, chat and bench share: the consoles, loading with a spinner, the draft spec made
+from --tree/--budget, and the stats line printed after each answer."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from ondevice import pipeline
+from ondevice.engine import Stats
+from ondevice.errors import OndeviceError
+from ondevice.pipeline import LoadOptions, Pipeline
+from ondevice.protocols import BUILDERS, MAX_BUDGET, DraftSpec
+from ondevice.verify import Sampling
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "lookup": 6}  # lookup: passes of <= 7 tokens (cheap on a CPU target)
+
+
+def check_budget(budget: int) -> None:
+    if not 1 <= budget <= MAX_BUDGET:
+        raise OndeviceError(f"--budget must be between 1 and {MAX_BUDGET} (got {budget}).")
+
+
+def make_spec(tree: str, budget: int | None, no_draft: bool, sampling: Sampling) -> DraftSpec | None:
+    if no_draft:
+        return None
+    if tree == "auto":  # the pipeline's planner picks builder and budget for this machine
+        if budget is not None:
+            check_budget(budget)
+        return DraftSpec(builder="auto", budget=budget or 0, temperature=sampling.temperature, seed=sampling.seed)
+    if tree not in BUILDERS:
+        raise OndeviceError(f"unknown tree builder {tree!r}; choose one of {', '.join(BUILDERS + ('auto',))}.")
+    budget = DEFAULT_BUDGET[tree] if budget is None else budget
+    check_budget(budget)
+    return DraftSpec(builder=tree, budget=budget, temperature=sampling.temperature, seed=sampling.seed)
+
+
+def stats_line(stats: Stats, plan=None) -> str:
+    busy = stats.draft_seconds + stats.verify_seconds + max(stats.overhead_seconds, 0.0)
+    split = ""
+    if busy > 0:
+        split = (
+            f" · draft {100 * stats.draft_seconds / busy:.0f}% / verify {100 * stats.verify_seconds / busy:.0f}%"
+            f" / other {100 * max(stats.overhead_seconds, 0) / busy:.0f}%"
+        )
+    return (
+        f"{stats.tokens} tokens · {stats.tokens_per_second:.1f} tok/s · {stats.tokens_per_pass:.2f} tokens/pass"
+        f" over {stats.target_passes} target passes{split} · prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s"
+        + (f" · {stats.spec.builder} @{stats.spec.budget}" if stats.spec else " · target alone")
+        + (f" (planner fallback: {plan.fallback_reason})" if plan is not None and plan.fallback_reason else "")
+    )
+
+
+def load_pipeline(load: LoadOptions) -> Pipeline:
+    """Load (and on first use download) the pipeline, with a spinner on stderr."""
+    with err.status("loading models…"):
+        return pipeline.load_pipeline(load)
