@@ -34,7 +34,7 @@ from ondevice.plan.hardware import default_threads
 
 GGUF_MAGIC = b"GGUF"
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
-MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX_SEQ (256)
+LLAMA_MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX_SEQ (256)
 
 # --- logging ----------------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class LlamaContext:
         self,
         model: LlamaModel,
         n_ctx: int = 4096,
-        n_seq_max: int = MAX_SEQUENCES,
+        n_seq_max: int = LLAMA_MAX_SEQUENCES,
         n_batch: int = 512,
         n_ubatch: int | None = None,
         threads: int | None = None,
@@ -184,8 +184,8 @@ class LlamaContext:
     ):
         if kv_type not in KV_TYPES:
             raise OndeviceError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}.")
-        if not 1 <= n_seq_max <= MAX_SEQUENCES:
-            raise OndeviceError(f"llama.cpp supports 1 to {MAX_SEQUENCES} sequences per context, not {n_seq_max}.")
+        if not 1 <= n_seq_max <= LLAMA_MAX_SEQUENCES:
+            raise OndeviceError(f"llama.cpp supports 1 to {LLAMA_MAX_SEQUENCES} sequences per context, not {n_seq_max}.")
         self.model = model
         self.threads = threads or default_threads()
         params = llama_cpp.llama_context_default_params()

@@ -14,7 +14,7 @@ from ondevice.plan.auto import CPU_MAX_TREE, AutoPlanner
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.plan.hardware import default_threads
-from ondevice.protocols import DraftSpec
+from ondevice.protocols import MAX_BUDGET, DraftSpec
 from ondevice.sizes import parse_size
 from ondevice.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
@@ -129,9 +129,15 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int):
 
         return load_offloaded_target(
             path, device, n_ctx=opts.n_ctx, threads=threads, gpu_memory=opts.gpu_memory, ram_memory=opts.ram_memory,
-            max_tree=2048 if device.startswith("cuda") else CPU_MAX_TREE,
+            max_tree=_largest_tree(device.startswith("cuda")),
         )
     return TorchTarget.from_gguf(path, device=device, n_ctx=opts.n_ctx, threads=threads)
+
+
+def _largest_tree(on_gpu: bool) -> int:
+    """The largest target pass to profile and place for: as many nodes as any draft may hold on a
+    GPU; fewer on a CPU, where the pass cost grows steeply with the tree."""
+    return MAX_BUDGET if on_gpu else CPU_MAX_TREE
 
 
 def load(pair: str | None = None, **kwargs) -> Pipeline:
@@ -180,7 +186,7 @@ def _profile_backends(pair, files, backend: str, threads: int, make_target, make
         pair=pair.name, backend=f"{backend}-{'cuda' if on_gpu else 'cpu'}-t{threads}",
         model_files=[(files.target, pair.target.sha256), (files.drafter, pair.drafter.sha256)],
         make_target=make_target, make_decode_batch=make_decode_batch, overlap_possible=on_gpu,
-        max_tree=2048 if on_gpu else CPU_MAX_TREE,
+        max_tree=_largest_tree(on_gpu),
     )
 
 

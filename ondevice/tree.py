@@ -9,7 +9,6 @@ predict the first drafted level). Every other node is a drafted token whose pare
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +21,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def depths_of(parents: Sequence[int] | np.ndarray) -> np.ndarray:
+    """(n,) int64 depth of every node of a tree given by its parents (parents[0] == -1, parents[i] < i)."""
+    d = np.zeros(len(parents), dtype=np.int64)
+    for i in range(1, len(parents)):
+        d[i] = d[parents[i]] + 1
+    return d
 
 
 @dataclass
@@ -65,10 +72,7 @@ class DraftTree:
 
     @property
     def depths(self) -> np.ndarray:
-        d = np.zeros(len(self), dtype=np.int64)
-        for i in range(1, len(self)):
-            d[i] = d[self.parents[i]] + 1
-        return d
+        return depths_of(self.parents)
 
     def children(self, node: int) -> list[int]:
         return [int(i) for i in np.flatnonzero(self.parents == node)]

@@ -10,7 +10,6 @@ divergence fails. How often near-ties happened is printed.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from ondevice.eval import prompts

@@ -59,7 +59,7 @@ def test_bad_context_settings_are_errors(tiny_gguf):
     with pytest.raises(OndeviceError, match="KV cache type"):
         lb.LlamaContext(model, n_ctx=64, kv_type="q4")
     with pytest.raises(OndeviceError, match="sequences per context"):
-        lb.LlamaContext(model, n_ctx=64, n_seq_max=lb.MAX_SEQUENCES + 1)
+        lb.LlamaContext(model, n_ctx=64, n_seq_max=lb.LLAMA_MAX_SEQUENCES + 1)
 
 
 # --- crash guard ------------------------------------------------------------------------------

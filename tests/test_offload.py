@@ -288,7 +288,7 @@ def test_gguf_layouts_hold_the_files_blocks(toy_gguf):
 # --- the PyTorch target's own blocks (torch_model.py) ------------------------------------------
 
 
-GGUF_NAMES = gguf_names_from_table(weights._GGUF_NAMES)
+GGUF_NAMES = gguf_names_from_table(weights.GGUF_NAMES)
 
 
 def streamed_target(path, dtype, from_ram, from_disk) -> TorchTarget:

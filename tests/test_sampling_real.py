@@ -17,7 +17,6 @@ Not the llama.cpp target: its batched logits differ from single-token logits by 
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest

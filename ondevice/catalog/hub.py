@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from ondevice import paths
 from ondevice.catalog import pypi_parts
 from ondevice.catalog.pairs import ModelFile, ModelPair
-from ondevice.errors import OndeviceError
+from ondevice.errors import OndeviceError, first_line
 
 try:
     import fcntl  # download lock
@@ -238,7 +238,7 @@ def _marker_path(path: Path) -> Path:
 
 def _write_marker(path: Path, model_file: ModelFile) -> None:
     stat = path.stat()
-    _write_json(_marker_path(path), {"sha256": model_file.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    paths.write_json(_marker_path(path), {"sha256": model_file.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
 
 
 @contextmanager
@@ -292,7 +292,7 @@ def _fetch_from_hub(model_file: ModelFile, path: Path, console: Console) -> Path
             tqdm_class=None if console.is_terminal else _SilentTqdm,
         )
     except Exception as err:  # whatever the hub client raises, this source did not deliver
-        raise SourceFailed(_first_line(err)) from err
+        raise SourceFailed(first_line(err)) from err
     return Path(downloaded)
 
 
@@ -366,15 +366,3 @@ def _progress(console: Console) -> Progress:
 
 def _say(console: Console, text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:300]
-
-
-def _write_json(path: Path, record: dict) -> None:
-    """Write atomically: a reader sees the old record or the new one, never half of one."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(record))
-    os.replace(temporary, path)

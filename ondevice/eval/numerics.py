@@ -9,7 +9,7 @@ against it (DESIGN.md, "Exactness and numerics").
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -23,13 +23,16 @@ def top2_margin(logits_row: np.ndarray) -> float:
     return float(top2[1] - top2[0])
 
 
-def greedy_reference(target: Target, prompt: Sequence[int], n_new: int) -> list[int]:
-    """The target alone, greedy, one token per pass; the cache ends holding prompt + output[:-1]."""
+def greedy_reference(
+    target: Target, prompt: Sequence[int], max_new: int, is_end: Callable[[int], bool] | None = None
+) -> list[int]:
+    """The target alone, greedy, one token per pass: max_new tokens, or fewer ending with the first
+    end token when `is_end` is given. The cache ends holding prompt + output[:-1]."""
     target.truncate(0)
     target.prefill(prompt[:-1])
     root, out = prompt[-1], []
-    for _ in range(n_new):
-        logits = target.forward_tree(DraftTree.root_only(root))[0]
+    while len(out) < max_new and not (out and is_end is not None and is_end(root)):
+        logits = target.forward_tree(DraftTree.root_only(root))[0]  # the prediction after `root`
         target.commit([0])
         root = int(np.argmax(logits))
         out.append(root)

@@ -67,6 +67,23 @@ def _candidates(curves: Curves, p_rank: np.ndarray, budgets: Sequence[int], max_
             yield "best-first", budget, depth, shape.tokens_per_pass, _draft_seconds(curves, shape.expansions_per_level()), t_target
 
 
+def _priced_plans(
+    curves: Curves, p_rank, budgets: Sequence[int], max_depth: int, overlap_possible: bool, overhead_per_pass: float
+):
+    """Every candidate shape as a Plan with its predicted speed (the pass-time formula of the docstring)."""
+    p_rank = np.asarray(p_rank, dtype=np.float64)
+    target_only_tps = 1.0 / (curves.target(1) + overhead_per_pass)
+    for builder, budget, depth, tokens_per_pass, t_draft, t_target in _candidates(curves, p_rank, budgets, max_depth):
+        t_verify = t_target + overhead_per_pass
+        t_pass = max(t_draft, t_verify) if overlap_possible else t_draft + t_verify
+        seconds_per_token = float(t_pass / tokens_per_pass)
+        yield Plan(builder, budget, depth, float(tokens_per_pass), 1.0 / seconds_per_token, target_only_tps, overlap_possible)
+
+
+def _fastest(plans) -> Plan | None:
+    return max(plans, key=lambda plan: plan.predicted_tokens_per_second, default=None)  # ties: the first
+
+
 def choose_plan(
     curves: Curves,
     p_rank,
@@ -81,17 +98,10 @@ def choose_plan(
     overhead_per_pass: seconds each round costs besides drafting and the target pass (verification,
     cache bookkeeping), as the engine measures it; it is charged to target-only decoding too.
     """
-    p_rank = np.asarray(p_rank, dtype=np.float64)
-    target_only_tps = 1.0 / (curves.target(1) + overhead_per_pass)
-    best, best_spt = None, float("inf")  # seconds per emitted token
-    for builder, budget, depth, tokens_per_pass, t_draft, t_target in _candidates(curves, p_rank, budgets, max_depth):
-        t_verify = t_target + overhead_per_pass
-        t_pass = max(t_draft, t_verify) if overlap_possible else t_draft + t_verify
-        if t_pass / tokens_per_pass < best_spt:
-            best_spt = float(t_pass / tokens_per_pass)
-            best = Plan(builder, budget, depth, float(tokens_per_pass), 1.0 / best_spt, target_only_tps, overlap_possible)
+    best = _fastest(_priced_plans(curves, p_rank, budgets, max_depth, overlap_possible, overhead_per_pass))
     if best is not None and best.predicted_speedup >= min_speedup:
         return best
+    target_only_tps = 1.0 / (curves.target(1) + overhead_per_pass)
     return Plan("target-only", 0, 0, 1.0, target_only_tps, target_only_tps, False, _fallback_reason(curves, best, overlap_possible))
 
 
@@ -101,18 +111,8 @@ def predict(
 ) -> Plan | None:
     """The model's best prediction for one fixed configuration (None: the model has no shape for it,
     e.g. multi-seq, or a tree beyond the measured target curve). best-first takes its best depth."""
-    p_rank = np.asarray(p_rank, dtype=np.float64)
-    target_only_tps = 1.0 / (curves.target(1) + overhead_per_pass)
-    best = None
-    for name, b, depth, tokens_per_pass, t_draft, t_target in _candidates(curves, p_rank, [budget], max_depth):
-        if name != builder:
-            continue
-        t_verify = t_target + overhead_per_pass
-        t_pass = max(t_draft, t_verify) if overlap_possible else t_draft + t_verify
-        tps = float(tokens_per_pass / t_pass)
-        if best is None or tps > best.predicted_tokens_per_second:
-            best = Plan(name, b, depth, float(tokens_per_pass), tps, target_only_tps, overlap_possible)
-    return best
+    plans = _priced_plans(curves, p_rank, [budget], max_depth, overlap_possible, overhead_per_pass)
+    return _fastest(plan for plan in plans if plan.builder == builder)
 
 
 def _fallback_reason(curves: Curves, best: Plan | None, overlap_possible: bool) -> str:

@@ -21,6 +21,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ondevice.protocols import MAX_BUDGET
 from ondevice.tree import DraftTree
 
 GiB = 1 << 30
@@ -294,7 +295,7 @@ def measure_target_curve(
     room = target.n_ctx - start - context_tokens
     if room < 1:
         raise ValueError(f"the target's context ({target.n_ctx}) has no room to measure in")
-    ns = tuple(n for n in (ns or powers_of_two(2048)) if n <= room) or (1,)
+    ns = tuple(n for n in (ns or powers_of_two(MAX_BUDGET)) if n <= room) or (1,)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, min(target.n_vocab, 32000), size=context_tokens + max(ns)).tolist()
     target.prefill(tokens[:context_tokens])

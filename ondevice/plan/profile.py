@@ -27,6 +27,7 @@ from ondevice.plan.hardware import (
     powers_of_two,
 )
 from ondevice.paths import home, write_json
+from ondevice.protocols import MAX_BUDGET
 
 FORMAT_VERSION = 1
 
@@ -48,7 +49,7 @@ class ProfileBackends:
     make_target: Callable[[], object]  # -> protocols.Target
     make_decode_batch: Callable[[], Callable[[int], None]]  # -> one drafter call over a batch of n tokens
     overlap_possible: bool = False  # drafter (CPU) and target (GPU) can run at the same time
-    max_tree: int = 2048  # largest target pass to time (CPU targets: smaller, their curve is steep)
+    max_tree: int = MAX_BUDGET  # largest target pass to time (CPU targets: smaller, their curve is steep)
 
 
 @dataclass

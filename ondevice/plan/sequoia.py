@@ -26,6 +26,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ondevice.tree import depths_of
+
 MAX_DEPTH = 24  # deeper levels add < p1^24 ≈ 3% of a token at p1 = 0.86; the DP cost is linear in it
 MAX_RANK = 8  # children per node the DP may use (p beyond rank 8 is negligible in practice)
 
@@ -44,10 +46,7 @@ class TreeShape:
 
     @property
     def depths(self) -> np.ndarray:
-        d = np.zeros(len(self.parents), dtype=np.int64)
-        for i in range(1, len(self.parents)):
-            d[i] = d[self.parents[i]] + 1
-        return d
+        return depths_of(self.parents)
 
     @property
     def depth(self) -> int:

@@ -27,8 +27,8 @@ import gguf
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.protocols import Target
-from ondevice.tree import DraftTree
+from ondevice.eval.numerics import greedy_reference
+from ondevice.paths import write_json
 
 TRIMMED_SUFFIX = ".vocab-trim.gguf"
 RECORD_SUFFIX = ".vocab-trim.json"
@@ -71,26 +71,13 @@ def calibration_token_counts(
     counts = np.zeros(target.n_vocab, dtype=np.int64)
     try:
         for index, prompt_ids in enumerate(chats):
-            answer = greedy_answer(target, tokenizer.is_end, prompt_ids, max_tokens)
+            answer = greedy_reference(target, prompt_ids, max_tokens, tokenizer.is_end)
             np.add.at(counts, np.asarray(prompt_ids + answer, dtype=np.int64), 1)
             if on_prompt is not None:
                 on_prompt(index, answer)
     finally:
         target.close()
     return counts
-
-
-def greedy_answer(target: Target, is_end: Callable[[int], bool], prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """The target's greedy continuation of prompt_ids, one token per pass, ending with the end token."""
-    target.truncate(0)
-    target.prefill(prompt_ids[:-1])
-    last, answer = prompt_ids[-1], []
-    while len(answer) < max_tokens and not (answer and is_end(last)):
-        logits = target.forward_tree(DraftTree.root_only(last))  # (1, n_vocab): the prediction after `last`
-        target.commit([0])
-        last = int(np.argmax(logits[0]))
-        answer.append(last)
-    return answer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,9 +245,7 @@ class TrimmedVocab:
     n_embd: int
 
     def save(self, path: Path) -> None:
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps(asdict(self)))
-        os.replace(temporary, path)
+        write_json(path, asdict(self))
 
     @classmethod
     def load(cls, path: Path) -> "TrimmedVocab":

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.llama_backend import MAX_SEQUENCES, LlamaContext, LlamaModel
+from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel
 from ondevice.tree import DraftTree
 
 MAIN_SEQ = 0
@@ -55,7 +55,7 @@ class LlamaTarget:
         self.n_ctx = n_ctx
         self.n_vocab = self.model.n_vocab
         self.max_tree_nodes = self.ctx.n_batch
-        self.max_tree_leaves = MAX_SEQUENCES - 1
+        self.max_tree_leaves = LLAMA_MAX_SEQUENCES - 1
         self._n_cached = 0
         self._pending: tuple[DraftTree, list[list[int]]] | None = None  # the last verified tree, uncommitted
 

@@ -11,7 +11,6 @@ Default dtype: see `default_dtype` (fp32 on CPU, measured).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np

@@ -48,8 +48,6 @@ GGUF_NAMES = {
     "blk.{i}.ffn_down.weight": "layers.{i}.feed_forward.w_down.weight",
 }
 
-_GGUF_NAMES = GGUF_NAMES  # the table's former private name, kept for existing callers
-
 # Hugging Face tensor name -> ours
 _HF_NAMES = {
     "model.embed_tokens.weight": "tok_embeddings.weight",
