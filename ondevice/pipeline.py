@@ -1,5 +1,10 @@
 """The one place where backends are chosen and wired: pair → files → tokenizer, drafter, target → engine.
 
+The files come from the catalog (`--model`) or are your own (`--target`, `--drafter`: a GGUF path or
+`hf:owner/repo:QUANT`), see catalog/choose.py. A drafter whose vocabulary differs from the target's
+only by padding is accepted (tokenizer.vocab_mismatch); without a drafter model the target runs with
+prompt lookup.
+
 Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | prompt, ...)` yields
 `Record`s (text, token ids, how many came from the draft) and a final record with `stats`.
 """
@@ -9,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ondevice.catalog import hub, pairs as catalog
+from ondevice.catalog import refs
+from ondevice.catalog.choose import Models, choose
 from ondevice.plan.auto import CPU_MAX_TREE, AutoPlanner
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.plan.hardware import default_threads
-from ondevice.protocols import MAX_BUDGET, DraftSpec
+from ondevice.protocols import DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
 from ondevice.sizes import parse_size
 from ondevice.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
@@ -25,6 +31,8 @@ TARGET_BACKENDS = ("auto", "torch", "llama")
 @dataclass
 class LoadOptions:
     pair: str | None = None
+    target: str | None = None  # a GGUF file or hf:owner/repo[:QUANT | /file.gguf] instead of the pair's target
+    drafter: str | None = None  # the same for the drafter; default: the pair's, or one found automatically
     target_backend: str = "auto"
     draft: bool = True
     vocab_trim: bool = True
@@ -46,6 +54,11 @@ class LoadOptions:
             raise OndeviceError(f"--threads must be at least 1 (got {self.threads}).")
         if self.n_ctx < 16:
             raise OndeviceError(f"--ctx must be at least 16 tokens (got {self.n_ctx}).")
+        for flag, ref in (("--target", self.target), ("--drafter", self.drafter)):
+            if ref is not None:
+                refs.check(ref, flag)
+        if self.drafter is not None and not self.draft:
+            raise OndeviceError("--drafter and --no-draft contradict each other; drop one.")
         return self
 
 
@@ -59,7 +72,7 @@ class Record:
 
 @dataclass
 class Pipeline:
-    pair: catalog.ModelPair
+    pair: Models  # what runs: .name, .description, the files
     tokenizer: Tokenizer
     engine: SpecEngine
     target_backend: str
@@ -70,8 +83,12 @@ class Pipeline:
 
     def resolve(self, spec: DraftSpec | None, sampling: Sampling) -> DraftSpec | None:
         """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only)."""
-        if spec is None or spec.builder != "auto" or self.engine.drafter is None:
-            return spec if self.engine.drafter is not None else None
+        if spec is None or self.engine.drafter is None:
+            return None
+        if spec.builder == "auto" and self.engine.drafter.model is None:  # no drafter model: prompt lookup
+            return DraftSpec("lookup", spec.budget or DEFAULT_BUDGET["lookup"], spec.temperature, spec.sample_children, spec.seed)
+        if spec.builder != "auto":
+            return spec
         if self.planner is None:
             self.planner = AutoPlanner(self.backends)
             self.engine.on_verify = self.planner.observe
@@ -147,29 +164,28 @@ def load(pair: str | None = None, **kwargs) -> Pipeline:
 
 def load_pipeline(opts: LoadOptions) -> Pipeline:
     opts.checked()
-    spec = catalog.load_pair(opts.pair)
-    files = hub.ensure_pair(spec, announce_cached=False)  # downloads on first use
+    models = choose(opts.pair, opts.target, opts.drafter, opts.draft)  # downloads on first use
     threads = opts.threads or default_threads()
-    tokenizer = Tokenizer(files.target)
+    tokenizer = Tokenizer(models.target)
     drafter = None
-    if opts.draft:
+    if models.drafter is not None:
         from ondevice.draft.llama_drafter import LlamaDrafter
 
-        check_same_vocab(tokenizer, Tokenizer(files.drafter))
-        drafter = LlamaDrafter(files.drafter, n_ctx=opts.n_ctx, threads=threads, vocab_trim=opts.vocab_trim)
+        check_same_vocab(tokenizer, Tokenizer(models.drafter))
+        drafter = LlamaDrafter(models.drafter, n_ctx=opts.n_ctx, threads=threads, vocab_trim=opts.vocab_trim, target_vocab=tokenizer.n_vocab)
     backend = _pick_backend(opts.target_backend)
-    target = _load_target(backend, files.target, opts, threads)
-    backends = _profile_backends(spec, files, backend, threads, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
+    target = _load_target(backend, models.target, opts, threads)
+    backends = _profile_backends(models, backend, threads, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU both would fight for the cores
-    engine = SpecEngine(target, _with_lookup(drafter, target.n_vocab), tokenizer.is_end, overlap=overlap)
+    engine = SpecEngine(target, _with_lookup(drafter, target.n_vocab, opts.draft), tokenizer.is_end, overlap=overlap)
     placement = target.placement_summary() if backend == "torch" else "all layers on CPU (llama.cpp)"
-    return Pipeline(spec, tokenizer, engine, backend, placement=placement, info={"threads": threads}, backends=backends)
+    return Pipeline(models, tokenizer, engine, backend, placement=placement, info={"threads": threads}, backends=backends)
 
 
-def _with_lookup(drafter, n_vocab: int):
-    """The drafter model and the free prompt-lookup drafter behind one router (by spec.builder).
-    None without the model: --no-draft means the target alone, the reference every test compares to."""
-    if drafter is None:
+def _with_lookup(drafter, n_vocab: int, draft: bool = True):
+    """The drafter model (None if there is none) and the free prompt-lookup drafter behind one router
+    (by spec.builder). None for --no-draft: the target alone, the reference every test compares to."""
+    if not draft:
         return None
     from ondevice.draft.lookup import PromptLookupDrafter
     from ondevice.draft.router import DraftRouter
@@ -177,14 +193,14 @@ def _with_lookup(drafter, n_vocab: int):
     return DraftRouter(drafter, PromptLookupDrafter(n_vocab))
 
 
-def _profile_backends(pair, files, backend: str, threads: int, make_target, make_decode_batch):
+def _profile_backends(models: Models, backend: str, threads: int, make_target, make_decode_batch):
     from ondevice.plan.profile import ProfileBackends
     import torch
 
     on_gpu = backend == "torch" and torch.cuda.is_available()
+    files = [(models.target, models.target_sha256)] + ([(models.drafter, models.drafter_sha256)] if models.drafter else [])
     return ProfileBackends(
-        pair=pair.name, backend=f"{backend}-{'cuda' if on_gpu else 'cpu'}-t{threads}",
-        model_files=[(files.target, pair.target.sha256), (files.drafter, pair.drafter.sha256)],
+        pair=models.name, backend=f"{backend}-{'cuda' if on_gpu else 'cpu'}-t{threads}", model_files=files,
         make_target=make_target, make_decode_batch=make_decode_batch, overlap_possible=on_gpu,
         max_tree=_largest_tree(on_gpu),
     )
@@ -193,14 +209,15 @@ def _profile_backends(pair, files, backend: str, threads: int, make_target, make
 def load_backends(opts: LoadOptions):
     """What `ondevice profile` measures: the pair's files and factories for its target and drafter."""
     opts.checked()
-    spec = catalog.load_pair(opts.pair)
-    files = hub.ensure_pair(spec, announce_cached=False)
+    models = choose(opts.pair, opts.target, opts.drafter, draft=True)
+    if models.drafter is None:
+        raise OndeviceError("`ondevice profile` measures a target and its drafter: pass --drafter FILE.")
     threads = opts.threads or default_threads()
     backend = _pick_backend(opts.target_backend)
 
     def make_decode_batch():
         from ondevice.draft.llama_drafter import LlamaDrafter
 
-        return LlamaDrafter(files.drafter, n_ctx=opts.n_ctx, threads=threads).probe_batch
+        return LlamaDrafter(models.drafter, n_ctx=opts.n_ctx, threads=threads).probe_batch
 
-    return _profile_backends(spec, files, backend, threads, lambda: _load_target(backend, files.target, opts, threads), make_decode_batch)
+    return _profile_backends(models, backend, threads, lambda: _load_target(backend, models.target, opts, threads), make_decode_batch)

@@ -52,6 +52,8 @@ MAX_BUDGET = 2048  # the most drafted nodes per target pass any drafter or --bud
 MODEL_BUILDERS = ("chain", "best-first", "multi-seq")  # trees grown by the drafter model
 FREE_BUILDERS = ("lookup",)  # no model: prompt lookup (draft/lookup.py)
 BUILDERS = MODEL_BUILDERS + FREE_BUILDERS
+# drafted nodes per pass when --budget is not given; lookup: passes of <= 7 tokens (cheap on a CPU target)
+DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "lookup": 6}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import hashlib
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -27,6 +28,7 @@ class Tokenizer:
         self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
         self.eos_id = llama_cpp.llama_vocab_eos(self._vocab)
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.architecture = self._meta("general.architecture")
         template = llama_cpp.llama_model_chat_template(self._model, None)
         self.chat_template = template.decode("utf-8") if template else None
 
@@ -34,6 +36,11 @@ class Tokenizer:
         if getattr(self, "_model", None) is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
+
+    def _meta(self, key: str) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else ""
 
     # --- tokens -------------------------------------------------------------------------------
     def encode(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
@@ -62,12 +69,27 @@ class Tokenizer:
         """End of generation (EOS, EOT, <|im_end|>, ...)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    def fingerprint(self) -> str:
-        """A hash of every token's bytes: equal fingerprints ⇔ the same vocabulary."""
-        h = hashlib.sha256(str(self.n_vocab).encode())
-        for t in range(self.n_vocab):
-            h.update(self.piece(t, special=True) + b"\0")
+    def fingerprint(self, n_tokens: int | None = None) -> str:
+        """A hash of the bytes of tokens 0..n_tokens-1 (default: all): equal ⇔ the same tokens."""
+        n_tokens = self.n_vocab if n_tokens is None else n_tokens
+        h = hashlib.sha256(str(n_tokens).encode())
+        for t in range(n_tokens):
+            h.update(self.text(t) + b"\0")
         return h.hexdigest()
+
+    def text(self, token: int) -> bytes:
+        """The token's own text in the vocabulary (special tokens included, padding too)."""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_padding(self, token: int) -> bool:
+        """A slot with no token behind it: llama.cpp's converters pad vocabularies with UNUSED `[PAD…]` entries."""
+        attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)
+        return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_UNUSED) or re.fullmatch(rb"\[PAD\d+\]", self.text(token)) is not None
+
+    def special_ids(self) -> dict[str, int | bool]:
+        v = self._vocab
+        return {"bos": self.bos_id, "eos": self.eos_id, "eot": llama_cpp.llama_vocab_eot(v), "add_bos": self.add_bos,
+                "add_eos": bool(llama_cpp.llama_vocab_get_add_eos(v)), "type": llama_cpp.llama_vocab_type(v)}
 
     # --- chat ---------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
@@ -102,9 +124,31 @@ class StreamDecoder:
         return self._utf8.decode(b"", final=True)
 
 
+def vocab_mismatch(target: Tokenizer, drafter: Tokenizer) -> str | None:
+    """Why the drafter cannot draft for the target (None: it can), as llama.cpp judges a draft model:
+    the same tokenizer type and special tokens, the same text for every id both have, and where one
+    vocabulary is longer, only padding beyond the other (Qwen2.5 7B+ list 152,064 ids, the 0.5B
+    151,936: the same tokenizer). The drafter never proposes an id the target lacks (LlamaDrafter
+    masks them), and stops drafting if the target commits an id the drafter lacks."""
+    if target.special_ids() != drafter.special_ids():
+        theirs, ours = drafter.special_ids(), target.special_ids()
+        differ = ", ".join(k for k in ours if ours[k] != theirs[k])
+        return f"their special tokens differ ({differ})"
+    shared = min(target.n_vocab, drafter.n_vocab)
+    if target.fingerprint(shared) != drafter.fingerprint(shared):
+        return "their tokens differ"
+    longer = target if target.n_vocab > drafter.n_vocab else drafter
+    extra = [t for t in range(shared, longer.n_vocab) if not longer.is_padding(t)]
+    if extra:
+        return f"{longer.path.name} has {len(extra)} real tokens beyond id {shared}"
+    return None
+
+
 def check_same_vocab(target: Tokenizer, drafter: Tokenizer) -> None:
-    if target.n_vocab != drafter.n_vocab or target.fingerprint() != drafter.fingerprint():
+    """An OndeviceError (one line) unless the drafter's vocabulary works for the target (vocab_mismatch)."""
+    reason = vocab_mismatch(target, drafter)
+    if reason is not None:
         raise OndeviceError(
             f"the drafter {drafter.path.name} and the target {target.path.name} use different tokenizers "
-            f"({drafter.n_vocab} vs {target.n_vocab} ids); pick a drafter of the same model family."
+            f"({drafter.n_vocab} vs {target.n_vocab} ids; {reason}); pick a drafter of the same model family."
         )

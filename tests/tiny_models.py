@@ -182,14 +182,18 @@ def gguf_tensors(config: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 
 def write_tiny_gguf(
-    path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0, noise: float = 0.0
+    path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0,
+    noise: float = 0.0, pad_to: int | None = None, split_max_tensors: int = 0,
 ) -> Path:
     """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path.
-    head_scale, noise: see `tiny_hf_tensors`."""
+    head_scale, noise: see `tiny_hf_tensors`. pad_to: the model has this many token ids, the ones past
+    `vocab` being padding (`[PAD<i>]`, type UNUSED, as llama.cpp's converter writes Qwen2.5 7B+).
+    split_max_tensors: write a split set of parts with at most this many tensors each (gguf-py's
+    writer, llama.cpp's naming: path's stem + -00001-of-0000N.gguf); returns the first part."""
     import gguf
 
-    config = tiny_config(arch, vocab)
-    writer = gguf.GGUFWriter(str(path), arch)
+    config = tiny_config(arch, pad_to or vocab)
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     writer.add_name(f"tiny-{arch}")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     writer.add_context_length(config["max_position_embeddings"])
@@ -201,6 +205,9 @@ def write_tiny_gguf(
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     tokens, types, merges = tiny_vocab(vocab)
+    if pad_to:
+        tokens += [f"[PAD{i}]" for i in range(vocab, pad_to)]
+        types += [int(gguf.TokenType.UNUSED)] * (pad_to - vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "llama-bpe")
     writer.add_token_list(tokens)
@@ -215,4 +222,4 @@ def write_tiny_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return Path(path)
+    return writer.format_shard_names(Path(path))[0]

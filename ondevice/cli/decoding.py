@@ -9,13 +9,12 @@ from ondevice import pipeline
 from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
 from ondevice.pipeline import LoadOptions, Pipeline
-from ondevice.protocols import BUILDERS, MAX_BUDGET, DraftSpec
+from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
 from ondevice.verify import Sampling
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
-DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "lookup": 6}  # lookup: passes of <= 7 tokens (cheap on a CPU target)
 
 
 def check_budget(budget: int) -> None:

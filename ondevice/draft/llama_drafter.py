@@ -36,6 +36,8 @@ class LlamaDrafter:
 
     vocab_trim: use the VocabTrim head built for this drafter (`ondevice quant vocab-trim`) if there is
     one: target ids in, full-vocabulary distributions out, zero outside the kept tokens.
+    target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
+    ids the target lacks are never drafted, and a context holding an id the drafter lacks gets no draft.
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class LlamaDrafter:
         kv_type: str = "f32",
         n_batch: int = 512,
         vocab_trim: bool = False,
+        target_vocab: int | None = None,
     ):
         if not 1 <= max_batch < LLAMA_MAX_SEQUENCES:
             raise OndeviceError(f"max_batch must be 1 to {LLAMA_MAX_SEQUENCES - 1}, not {max_batch}.")
@@ -70,6 +73,8 @@ class LlamaDrafter:
         self.max_depth = max_depth
         self.batch_spread = batch_spread
         self.cache = DraftKV(self.ctx)
+        limit = target_vocab if target_vocab is not None and target_vocab < self.n_vocab else None
+        self.expander = self.cache if limit is None else _VocabLimit(self.cache, limit)
 
     def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
         check_spec(spec)
@@ -78,8 +83,12 @@ class LlamaDrafter:
                 f"the drafter holds 1 to {self.n_ctx} context tokens, got {len(context)}; "
                 "start a new chat or raise the context size."
             )
+        if max(context) >= self.n_vocab:  # the target committed an id the drafter has no row for
+            return DraftTree.root_only(int(context[-1]))
         root_logits = self.cache.sync(context)
-        r = Round(spec, int(context[-1]), self.cache, position=len(context))
+        if self.expander is not self.cache:
+            root_logits = self.expander.mask(root_logits)
+        r = Round(spec, int(context[-1]), self.expander, position=len(context))
         root_logp = r.distributions([0], root_logits[None, :])[0]
         if spec.builder == "chain":
             return build_chain(r, root_logp)
@@ -100,3 +109,25 @@ class LlamaDrafter:
     def close(self) -> None:
         self.ctx.close()
         self.model.close()
+
+
+class _VocabLimit:
+    """The drafter's KV cache as an Expander whose logits are -inf from id `limit` on: a drafter
+    with a longer (padded) vocabulary than the target's never proposes an id the target lacks."""
+
+    def __init__(self, cache: DraftKV, limit: int):
+        self.cache, self.limit = cache, limit
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        logits = np.array(logits, dtype=np.float32, copy=True)
+        logits[..., self.limit :] = -np.inf
+        return logits
+
+    def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray:
+        return self.mask(self.cache.expand(tree, nodes))
+
+    def free_capacity(self) -> int:
+        return self.cache.free_capacity()
+
+    def release(self, tree: SearchTree, alive: set[int]) -> None:
+        self.cache.release(tree, alive)
