@@ -81,7 +81,6 @@ class SpecEngine:
         self.overlap = overlap  # draft the likely next tree while the target verifies
         self._worker: Overlap | None = None  # runs the target passes beside the drafter, made on first use
         self.cached: list[int] = []  # the tokens whose KV the target holds, in order
-        self.on_verify: Callable[[DraftTree, list[int]], None] | None = None  # e.g. acceptance tracking
 
     def _sync_prompt(self, prompt: Sequence[int], stats: Stats) -> None:
         """Make the target cache hold prompt[:-1] (prompt[-1] becomes the first tree's root)."""
@@ -127,7 +126,10 @@ class SpecEngine:
         sampling: Sampling = Sampling(),
         spec: DraftSpec | None = None,
         rule: str = "specexec",
+        observe: Callable[[DraftTree, list[int]], None] | None = None,
     ) -> Iterator[Step | Stats]:
+        """Decode up to max_tokens after `prompt`. observe(tree, accepted path) sees every verified
+        tree of this call (the planner's acceptance tracking, for the answers it planned)."""
         stats = Stats(prompt_tokens=len(prompt), spec=spec if self.drafter is not None else None)
         start = time.perf_counter()
         self._sync_prompt(prompt, stats)
@@ -151,8 +153,8 @@ class SpecEngine:
             stats.verify_seconds += time.perf_counter() - t0
             if guess is not None:
                 prepared = guess.next_tree(verdict)
-            if self.on_verify is not None:
-                self.on_verify(tree, verdict.path)
+            if observe is not None:
+                observe(tree, verdict.path)
             self.cached.extend(int(tree.tokens[i]) for i in verdict.path)
             stats.target_passes += 1
             stats.drafted_nodes += len(tree) - 1

@@ -67,7 +67,8 @@ def prepared_spec(spec: DraftSpec, room_after: int, tokens_left_after: int) -> D
     if tokens_left_after <= 0 or room_after < 2:
         return None
     next_budget = min(spec.budget, room_after - 1)  # what the engine allows the next round
-    return replace(spec, budget=min(next_budget + 1, MAX_BUDGET))  # + 1: re-rooting drops a level
+    deeper = None if spec.max_depth is None else spec.max_depth + 1
+    return replace(spec, budget=min(next_budget + 1, MAX_BUDGET), max_depth=deeper)  # + 1: re-rooting drops a level
 
 
 @dataclass

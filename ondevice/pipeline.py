@@ -11,12 +11,13 @@ Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | promp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from ondevice.catalog import refs
 from ondevice.catalog.choose import Models, choose
 from ondevice.plan.auto import CPU_MAX_TREE, AutoPlanner
+from ondevice.plan.cost_model import Plan
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.plan.hardware import default_threads
@@ -80,9 +81,12 @@ class Pipeline:
     info: dict = field(default_factory=dict)
     backends: "ProfileBackends | None" = None
     planner: AutoPlanner | None = None
+    plan: Plan | None = None  # the planner's plan for the last answer; None when the caller chose the tree
 
     def resolve(self, spec: DraftSpec | None, sampling: Sampling) -> DraftSpec | None:
-        """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only)."""
+        """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only);
+        sets `plan` to the plan behind it (None for a spec the caller fixed)."""
+        self.plan = None
         if spec is None or self.engine.drafter is None:
             return None
         if spec.builder == "auto" and self.engine.drafter.model is None:  # no drafter model: prompt lookup
@@ -91,10 +95,10 @@ class Pipeline:
             return spec
         if self.planner is None:
             self.planner = AutoPlanner(self.backends)
-            self.engine.on_verify = self.planner.observe
         planned = self.planner.spec(sampling)
+        self.plan = self.planner.plan
         if planned is not None and spec.budget > 0:  # --budget given: the planner's builder at that budget
-            planned = DraftSpec(planned.builder, spec.budget, planned.temperature, planned.sample_children, planned.seed)
+            planned = replace(planned, budget=spec.budget, max_depth=None)
         return planned
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -108,14 +112,15 @@ class Pipeline:
     ) -> Iterator[Record]:
         decoder = StreamDecoder(self.tokenizer)
         spec = self.resolve(spec, sampling)
+        planner = self.planner if self.plan is not None else None  # it learns only from the answers it planned
         answer: list[int] = []
-        for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule):
+        for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule, planner.observe if planner else None):
             if isinstance(item, Step):
                 answer += item.tokens
                 yield Record(decoder.push(item.tokens), item.tokens, item.from_draft)
             else:
-                if self.planner is not None:
-                    self.planner.finish(item, list(prompt_ids) + answer)
+                if planner is not None:
+                    planner.finish(item, list(prompt_ids) + answer)
                 yield Record(decoder.flush(), [], 0, stats=item)
 
     def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:

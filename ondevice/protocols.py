@@ -65,6 +65,7 @@ class DraftSpec:
     temperature: float = 0.0  # > 0: record tempered draft probs q in tree.q (sampling verification)
     sample_children: bool = False  # draw children without replacement from q (Sequoia's rule) instead of top-k
     seed: int = 0
+    max_depth: int | None = None  # best-first: no node deeper than this (the planner's depth); None: unbounded
 
 
 class Drafter(Protocol):

@@ -130,6 +130,8 @@ RULES = ("specexec", "sequoia")
 
 def verify(tree: DraftTree, logits: np.ndarray, sampling: Sampling, rng: np.random.Generator, rule: str = "specexec") -> Verdict:
     """Dispatch on the sampling mode: greedy for temperature 0, else the named sampling rule."""
+    if rule not in RULES:
+        raise OndeviceError(f"unknown verification rule {rule!r}; choose one of {', '.join(RULES)}.")
     if sampling.greedy:
         return verify_greedy(tree, logits)
     if rule == "sequoia":

@@ -56,12 +56,15 @@ def token_paths(tree: DraftTree) -> set[tuple[int, ...]]:
     return {tuple(int(tree.tokens[n]) for n in tree.path_to(i)[1:]) for i in range(1, len(tree))}
 
 
-def exact_top_nodes(lm: MarkovLM, root: int, budget: int) -> set[tuple[int, ...]]:
-    """The `budget` most likely nodes of the full tree: pop the best node, push all its children."""
+def exact_top_nodes(lm: MarkovLM, root: int, budget: int, max_depth: int | None = None) -> set[tuple[int, ...]]:
+    """The `budget` most likely nodes of the full tree (no deeper than max_depth): pop the best node,
+    push all its children (fewer than `budget` if the depth-capped tree is smaller)."""
     heap, out, count = [(0.0, 0, ())], [], 1
-    while len(out) < budget + 1:
+    while len(out) < budget + 1 and heap:
         neg_lp, _, path = heapq.heappop(heap)
         out.append(path)
+        if max_depth is not None and len(path) == max_depth:
+            continue
         logp = lm.logp(path[-1] if path else root)
         for token, step in enumerate(logp):
             heapq.heappush(heap, (neg_lp - step, count, path + (token,)))
@@ -76,6 +79,17 @@ def test_best_first_finds_exactly_the_most_likely_nodes(budget, spread):
     tree = draft(lm, 3, "best-first", spread=spread, budget=budget)
     assert len(tree) == budget + 1
     assert token_paths(tree) == exact_top_nodes(lm, 3, budget)
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 4])
+def test_best_first_honours_the_planned_depth(max_depth):
+    """The planner prices trees of at most `depth` levels; the search it runs must stay within them
+    and still find exactly the most likely nodes there."""
+    lm = MarkovLM(scale=6.0)  # peaked: an unbounded search of 40 nodes goes 11 levels deep
+    assert max(len(p) for p in exact_top_nodes(lm, 3, 40)) > 4
+    tree = draft(lm, 3, "best-first", budget=40, max_depth=max_depth)
+    assert tree.depths.max() <= max_depth
+    assert token_paths(tree) == exact_top_nodes(lm, 3, 40, max_depth)
 
 
 def test_best_first_expands_many_leaves_per_decode():
@@ -132,6 +146,11 @@ def test_sampling_records_q_and_draws_distinct_children_reproducibly():
             assert q.shape == (24,) and abs(q.sum() - 1) < 1e-5
             expected = np.exp(log_softmax(lm.table[tree.tokens[node]].astype(np.float64) / 0.7))
             np.testing.assert_allclose(q, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_spec_validation_of_the_depth():
+    with pytest.raises(OndeviceError, match="depth"):
+        check_spec(DraftSpec(builder="best-first", budget=8, max_depth=0))
 
 
 def test_spec_validation():

@@ -99,6 +99,7 @@ def test_prepared_spec_respects_the_window_and_the_token_limit():
     assert prepared_spec(spec, room_after=1, tokens_left_after=10) is None
     assert prepared_spec(spec, room_after=100, tokens_left_after=0) is None
     assert prepared_spec(DraftSpec("best-first", 2048), 10_000, 10).budget == 2048
+    assert prepared_spec(DraftSpec("best-first", 16, max_depth=3), 100, 10).max_depth == 4  # re-rooted: depth ≤ 3
 
 
 # --- the engine on tiny GGUF models ----------------------------------------------------------------

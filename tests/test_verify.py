@@ -153,3 +153,13 @@ def test_bad_sampling_settings_are_user_errors():
     for kwargs in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}):
         with pytest.raises(OndeviceError):
             Sampling(**kwargs)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), SAMPLING], ids=["greedy", "sampled"])
+def test_an_unknown_rule_is_refused_not_run_as_specexec(sampling):
+    from ondevice.errors import OndeviceError
+
+    tree = DraftTree.chain(0, [1, 2])
+    logits = np.random.default_rng(0).normal(size=(3, V))
+    with pytest.raises(OndeviceError, match="sequoya"):
+        verify(tree, logits, sampling, np.random.default_rng(0), rule="sequoya")

@@ -183,13 +183,14 @@ def gguf_tensors(config: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 def write_tiny_gguf(
     path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0,
-    noise: float = 0.0, pad_to: int | None = None, split_max_tensors: int = 0,
+    noise: float = 0.0, pad_to: int | None = None, split_max_tensors: int = 0, chat_template: str | None = None,
 ) -> Path:
     """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path.
     head_scale, noise: see `tiny_hf_tensors`. pad_to: the model has this many token ids, the ones past
     `vocab` being padding (`[PAD<i>]`, type UNUSED, as llama.cpp's converter writes Qwen2.5 7B+).
     split_max_tensors: write a split set of parts with at most this many tensors each (gguf-py's
-    writer, llama.cpp's naming: path's stem + -00001-of-0000N.gguf); returns the first part."""
+    writer, llama.cpp's naming: path's stem + -00001-of-0000N.gguf); returns the first part.
+    chat_template: stored as tokenizer.chat_template."""
     import gguf
 
     config = tiny_config(arch, pad_to or vocab)
@@ -216,6 +217,8 @@ def write_tiny_gguf(
     writer.add_bos_token_id(vocab - 1)
     writer.add_eos_token_id(vocab - 1)
     writer.add_add_bos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     for name, w in gguf_tensors(config, tiny_hf_tensors(config, seed, head_scale, noise)).items():
         writer.add_tensor(name, w.astype(np.float16) if dtype == "f16" and w.ndim == 2 else w)
     writer.write_header_to_file()
@@ -223,3 +226,29 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return writer.format_shard_names(Path(path))[0]
+
+
+# --- a tiny pair in the catalog ---------------------------------------------------------------------
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)  # the tiny vocab has no such special tokens: the markers are plain bytes
+
+
+def write_tiny_pair(home: str | Path, name: str = "tiny", **model) -> str:
+    """A catalog pair `name` under ONDEVICE_HOME=home: a tiny target and its f16 twin as the drafter
+    (accepts most drafts; ChatML template) in home/models, and an entry in home/catalog with their
+    sizes and sha256. `model`: write_tiny_gguf's arch, head_scale, …"""
+    import hashlib
+
+    home = Path(home)
+    (home / "models").mkdir(parents=True, exist_ok=True)
+    (home / "catalog").mkdir(parents=True, exist_ok=True)
+    entry = [f'name = "{name}"\ndescription = "tiny test pair"\n']
+    for role, dtype in (("target", "f32"), ("drafter", "f16")):
+        path = write_tiny_gguf(home / "models" / f"{name}-{role}.gguf", dtype=dtype, chat_template=CHATML, **model)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        entry.append(f'[{role}]\nlabel = "tiny {role}"\nfile = "{path.name}"\nsize = {path.stat().st_size}\nsha256 = "{digest}"\n')
+    (home / "catalog" / f"{name}.toml").write_text("\n".join(entry))
+    return name

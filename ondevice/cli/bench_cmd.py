@@ -76,7 +76,7 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
         for record in pipe.stream_tokens(ids, max_tokens=max_tokens, sampling=sampling, spec=spec):
             if record.stats is not None:
                 result.add(record.stats)
-        plans.append(pipe.planner.plan)
+        plans.append(pipe.plan)
         advance()
     labels = Counter("target only" if p.budget == 0 else f"{p.builder} @{p.budget}" for p in plans)
     result.config = "auto: " + ", ".join(f"{label} ×{n}" for label, n in labels.items())

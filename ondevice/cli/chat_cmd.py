@@ -122,5 +122,5 @@ def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: b
         parts.append(rec.text)
         stats = rec.stats or stats
     print()
-    err.print(f"[dim]{stats_line(stats, pipe.planner.plan if pipe.planner else None)}[/]")
+    err.print(f"[dim]{stats_line(stats, pipe.plan)}[/]")
     return "".join(parts)

@@ -2,6 +2,8 @@
 
 The first run for a model pair measures (minutes: it loads the target and the drafter); later runs
 show the saved profile until the hardware or the model files change, or `--refresh` is given.
+The plan shown is the one `ondevice chat` starts with: the same AutoPlanner, with the acceptance
+and prompt-lookup estimates learned so far, its fallbacks, and no overhead measured yet.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from rich.table import Table
 
 from ondevice.cli import options as opt
 from ondevice.pipeline import LoadOptions, load_backends
-from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.plan.cost_model import Plan, choose_plan, plan_as_dict
-from ondevice.plan.profile import Profile, ProfileBackends, get_profile, profile_path
+from ondevice.plan.auto import AutoPlanner
+from ondevice.plan.cost_model import Plan, plan_as_dict
+from ondevice.plan.profile import Profile, ProfileBackends, profile_path
 
 Refresh = Annotated[bool, typer.Option("--refresh", help="Measure again even if a saved profile is current.")]
 
@@ -33,9 +35,9 @@ def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOp
 
 def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool = False, out: Console = console) -> Profile:
     """Measure (or reuse) the profile for these backends and print it as tables or one JSON object."""
-    prof, reused = get_profile(backends, refresh=refresh, show=not as_json)
-    p_rank = AcceptanceTracker.load(prof.pair).p_rank
-    plan = choose_plan(prof.curves, p_rank, prof.overlap_possible)
+    planner = AutoPlanner(backends, show=not as_json, refresh=refresh)
+    prof, reused, p_rank = planner.profile, planner.reused, planner.tracker.p_rank
+    plan = planner.choose()
     if as_json:
         record = {**prof.to_dict(), "reused": reused, "p_rank": p_rank.round(4).tolist(), "plan": plan_as_dict(plan)}
         out.file.write(json.dumps(record) + "\n")  # verbatim: no Rich markup or wrapping
@@ -102,4 +104,5 @@ def plan_line(plan: Plan) -> str:
         f"[bold]plan:[/] {plan.builder}, {plan.budget} drafted nodes, depth {plan.depth}, {mode}: "
         f"{plan.predicted_tokens_per_pass:.2f} tokens/pass, {plan.predicted_tokens_per_second:.1f} tok/s predicted "
         f"vs {plan.target_only_tokens_per_second:.1f} target alone ({plan.predicted_speedup:.2f}×)"
+        + (f" — {plan.fallback_reason}" if plan.fallback_reason else "")
     )

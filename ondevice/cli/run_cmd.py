@@ -47,13 +47,13 @@ def generate(
         print(json.dumps(result_json(pipe, ids, "".join(text), token_ids, stats)))
     else:
         print()
-        err.print(f"[dim]{stats_line(stats, pipe.planner.plan if pipe.planner else None)}[/]")
+        err.print(f"[dim]{stats_line(stats, pipe.plan)}[/]")
         if getattr(pipe.engine.target, "streamer", None) is not None:
             err.print(f"[dim]{pipe.engine.target.placement_summary()}[/]")
 
 
 def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:
-    spec, plan = stats.spec, pipe.planner.plan if pipe.planner else None
+    spec, plan = stats.spec, pipe.plan
     return {
         "text": text,
         "prompt_token_ids": prompt_ids,

@@ -7,7 +7,8 @@ KV cache) to decode batches of nodes; every node decoded in one call is one llam
 - best-first: repeatedly expand the kept nodes with the highest cumulative log-prob, up to
               `max_batch` per decode (those within `spread` nats of the best); keep the `budget`
               best nodes; stop when no unexpanded kept node can have a child that enters the top
-              `budget`. Each expansion proposes its top-min(budget, vocab) children, so (up to
+              `budget`. With `spec.max_depth` nodes at that depth are never expanded: the result is
+              the `budget` most likely nodes no deeper than it (the depth the planner priced). Each expansion proposes its top-min(budget, vocab) children, so (up to
               batch noise) the result is exactly the `budget` most likely nodes of the drafter's
               full tree, whatever the batching. (If more than 255 expanded branches are alive at
               once, llama.cpp has no sequence ids left and the search ends with what it has.)
@@ -84,10 +85,8 @@ def build_chain(r: Round, root_logp: np.ndarray) -> DraftTree:
     return r.tree.to_draft_tree(range(len(r.tree)))
 
 
-def build_best_first(
-    r: Round, root_logp: np.ndarray, max_batch: int, max_depth: int | None = None, spread: float = BATCH_SPREAD
-) -> DraftTree:
-    budget, tree = r.spec.budget, r.tree
+def build_best_first(r: Round, root_logp: np.ndarray, max_batch: int, spread: float = BATCH_SPREAD) -> DraftTree:
+    budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
     n_children = min(budget, len(root_logp))
     r.add(0, root_logp, n_children)
     while True:

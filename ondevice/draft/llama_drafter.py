@@ -27,6 +27,8 @@ def check_spec(spec: DraftSpec) -> None:
         raise OndeviceError(f"the drafter model builds {', '.join(MODEL_BUILDERS)} trees, not {spec.builder!r}.")
     if not 1 <= spec.budget <= MAX_BUDGET:
         raise OndeviceError(f"the draft budget must be 1 to {MAX_BUDGET} tokens, not {spec.budget}.")
+    if spec.max_depth is not None and spec.max_depth < 1:
+        raise OndeviceError(f"the draft depth must be at least 1, not {spec.max_depth}.")
     if not spec.temperature >= 0:
         raise OndeviceError(f"the temperature must be >= 0, not {spec.temperature}.")
 
@@ -46,7 +48,6 @@ class LlamaDrafter:
         n_ctx: int = 4096,
         threads: int | None = None,
         max_batch: int = 64,
-        max_depth: int | None = None,
         batch_spread: float = BATCH_SPREAD,
         kv_type: str = "f32",
         n_batch: int = 512,
@@ -70,7 +71,6 @@ class LlamaDrafter:
         self.n_ctx = n_ctx
         self.n_vocab = self.ctx.n_vocab
         self.max_batch = max_batch
-        self.max_depth = max_depth
         self.batch_spread = batch_spread
         self.cache = DraftKV(self.ctx)
         limit = target_vocab if target_vocab is not None and target_vocab < self.n_vocab else None
@@ -94,7 +94,7 @@ class LlamaDrafter:
             return build_chain(r, root_logp)
         if spec.builder == "multi-seq":
             return build_multi_seq(r, root_logp)
-        return build_best_first(r, root_logp, self.max_batch, self.max_depth, self.batch_spread)
+        return build_best_first(r, root_logp, self.max_batch, self.batch_spread)
 
     def probe_batch(self, n: int) -> None:
         """One llama_decode of n draft nodes (siblings, each on its own branch), then undone. For profiling."""

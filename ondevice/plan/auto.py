@@ -21,9 +21,9 @@ CPU_MAX_TREE = 256  # on a CPU target the pass cost grows steeply; never worth p
 
 
 class AutoPlanner:
-    def __init__(self, backends: ProfileBackends, show: bool = True):
+    def __init__(self, backends: ProfileBackends, show: bool = True, refresh: bool = False):
         self.backends = backends
-        self.profile, self.reused = get_profile(backends, show=show)
+        self.profile, self.reused = get_profile(backends, refresh=refresh, show=show)
         self.tracker = AcceptanceTracker.load(backends.pair)
         self.lookup = LookupTracker.load(backends.pair)
         self.overhead_per_pass = 0.0

@@ -42,8 +42,12 @@ class Plan:
         return self.predicted_tokens_per_second / self.target_only_tokens_per_second
 
     def draft_spec(self, **sampling) -> DraftSpec | None:
-        """The DraftSpec for this plan (None: do not draft); `sampling` sets temperature, seed, …"""
-        return None if self.budget == 0 else DraftSpec(builder=self.builder, budget=self.budget, **sampling)
+        """The DraftSpec for this plan (None: do not draft); `sampling` sets temperature, seed, …
+        A best-first plan was priced as a tree of at most `depth` levels, so its search stops there."""
+        if self.budget == 0:
+            return None
+        depth = self.depth if self.builder == "best-first" else None
+        return DraftSpec(builder=self.builder, budget=self.budget, max_depth=depth, **sampling)
 
 
 def _draft_seconds(curves: Curves, batches: Sequence[int]) -> float:

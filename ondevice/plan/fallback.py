@@ -13,8 +13,8 @@ of emitted tokens that come from rounds with a match, and the match rate at budg
 
 Lookup is used at the budget k with the fewest seconds per token if that beats the target alone,
 (t_target(1) + overhead) per token. s and a are learned online (`LookupTracker`): from rounds
-decoded with lookup (the engine's on_verify hook), and, for answers the target decoded alone, by
-replaying lookup over the answer (what it would have proposed at each round, and how much of that
+decoded with lookup (`AutoPlanner.observe`, which sees the trees of the answers it planned), and,
+for answers the target decoded alone, by replaying lookup over the answer (what it would have proposed at each round, and how much of that
 the target went on to emit). The replay is free, and without it a conservative prior, which keeps
 fresh prompts on the target alone, could never be proven wrong.
 """
