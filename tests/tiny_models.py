@@ -10,7 +10,8 @@ The GGUF carries a minimal byte-level BPE tokenizer that llama.cpp accepts: the 
 GPT-2's byte-to-unicode spelling, merges of lowercase letter pairs, and one control token
 `<|endoftext|>` (the last id) used as BOS and EOS. Tiny Llama uses Llama 3 RoPE scaling (written
 as `rope_freqs.weight`, as llama.cpp's converter does) and has a separate LM head; tiny Qwen2 has
-q/k/v biases and a tied LM head.
+q/k/v biases and a tied LM head; tiny Qwen3 has per-head q/k norms, no biases, a head dim (32) that
+is not hidden / heads (16), and a separate LM head.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def tiny_config(arch: str = "qwen2", vocab: int = 320) -> dict:
     if arch == "qwen2":
         return dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1e6,
                     tie_word_embeddings=True, use_sliding_window=False, **common)  # fmt: skip
+    if arch == "qwen3":
+        return dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1e6, head_dim=32,
+                    tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, **common)  # fmt: skip
     if arch == "llama":
         return dict(architectures=["LlamaForCausalLM"], model_type="llama", rope_theta=10000.0,
                     rope_scaling=dict(LLAMA3_ROPE), tie_word_embeddings=False, attention_bias=False,
@@ -84,8 +88,8 @@ def tiny_hf_tensors(config: dict, seed: int = 0, head_scale: float = 1.0, noise:
     """
     rng = np.random.default_rng(seed)
     C, F, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    hd = C // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * hd
+    hd = config.get("head_dim") or C // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
 
     def linear(out_f, in_f):
         return (rng.standard_normal((out_f, in_f)) / math.sqrt(in_f)).astype(np.float32)
@@ -97,11 +101,14 @@ def tiny_hf_tensors(config: dict, seed: int = 0, head_scale: float = 1.0, noise:
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = norm()
-        for name, out_f in (("q_proj", C), ("k_proj", kv), ("v_proj", kv)):
+        for name, out_f in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
             t[p + f"self_attn.{name}.weight"] = linear(out_f, C)
             if config["model_type"] == "qwen2":
                 t[p + f"self_attn.{name}.bias"] = (0.5 * rng.standard_normal(out_f)).astype(np.float32)
-        t[p + "self_attn.o_proj.weight"] = linear(C, C)
+        if config["model_type"] == "qwen3":
+            t[p + "self_attn.q_norm.weight"] = (1.0 + 0.2 * rng.standard_normal(hd)).astype(np.float32)
+            t[p + "self_attn.k_norm.weight"] = (1.0 + 0.2 * rng.standard_normal(hd)).astype(np.float32)
+        t[p + "self_attn.o_proj.weight"] = linear(C, q)
         t[p + "post_attention_layernorm.weight"] = norm()
         t[p + "mlp.gate_proj.weight"] = linear(F, C)
         t[p + "mlp.up_proj.weight"] = linear(F, C)
@@ -157,6 +164,7 @@ _GGUF_LAYER = {
     "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
 }  # fmt: skip
 _GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -204,13 +212,16 @@ def write_tiny_gguf(
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_rope_freq_base(config["rope_theta"])
+    if config.get("head_dim"):
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     tokens, types, merges = tiny_vocab(vocab)
     if pad_to:
         tokens += [f"[PAD{i}]" for i in range(vocab, pad_to)]
         types += [int(gguf.TokenType.UNUSED)] * (pad_to - vocab)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "llama-bpe")
+    writer.add_tokenizer_pre("llama-bpe" if arch == "llama" else "qwen2")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

@@ -13,13 +13,12 @@ Streamed layers' buffers (e.g. a KV cache) move to the device; their parameters 
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from ondevice.offload.disk import DiskReader, read_ranges
+from ondevice.offload.disk import DiskReader, close_all, open_parts, read_ranges
 from ondevice.offload.layout import (
     LayerLayout,
     check_unpacks_to_params,
@@ -104,14 +103,13 @@ def offload_blocks(
     if (from_file or placement.from_disk) and model_path is None:
         raise ValueError("GGUF layouts and disk-tier layers need model_path")
     pin = device.type == "cuda"
-    fd = os.open(model_path, os.O_RDONLY) if from_file else None
+    fds = open_parts(model_path) if from_file else []
     try:
         layers = [
-            _host_layer(blocks[i], i, layouts[i], i in placement.from_ram, fd, pin, check) for i in placement.streamed
+            _host_layer(blocks[i], i, layouts[i], i in placement.from_ram, fds, pin, check) for i in placement.streamed
         ]
     finally:
-        if fd is not None:
-            os.close(fd)
+        close_all(fds)
     for i in placement.streamed:
         move_buffers(blocks[i], device)
     disk = None
@@ -121,14 +119,14 @@ def offload_blocks(
 
 
 def _host_layer(
-    block: nn.Module, index: int, layout: LayerLayout, in_ram: bool, fd: int | None, pin: bool, check: bool
+    block: nn.Module, index: int, layout: LayerLayout, in_ram: bool, fds: list[int], pin: bool, check: bool
 ) -> StreamedLayer:
     """The layer's host buffer (RAM tier), filled and checked; disk-tier layers are only checked."""
     if not in_ram and not check:
         return StreamedLayer(index, layout, None)
     host = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=pin and in_ram)
     if layout.file_ranges:
-        read_ranges(fd, layout.file_ranges, host)
+        read_ranges(fds, layout.file_ranges, host)
     else:
         if not in_ram:
             raise ValueError(f"layer {index} cannot stream from disk: its layout has no file ranges")

@@ -25,19 +25,40 @@ from typing import Mapping, Sequence
 import torch
 
 from ondevice.errors import OndeviceError
+from ondevice.gguf_split import part_paths
 from ondevice.offload.layout import FileRange, LayerLayout
 
 POLL_S = 0.05  # how often waits look at the reader thread's health
 
 
-def read_ranges(fd: int, ranges: Sequence[FileRange], out: torch.Tensor, drop_cache: bool = True) -> int:
+def open_parts(path: str) -> list[int]:
+    """Read-only file descriptors of every part of the model at `path` (one unless it is split)."""
+    fds = []
+    try:
+        for part in part_paths(path):
+            fds.append(os.open(part, os.O_RDONLY))
+    except OSError:
+        close_all(fds)
+        raise
+    return fds
+
+
+def close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def read_ranges(fds: int | Sequence[int], ranges: Sequence[FileRange], out: torch.Tensor, drop_cache: bool = True) -> int:
     """Read each file range into `out` (1-D uint8 CPU tensor) at its buffer offset; returns bytes read.
+    fds: the model file's descriptor, or one per part of a split model (`open_parts`), indexed by range.part.
 
     Raises EOFError on a short read (the file is shorter than the ranges say).
     """
+    fds = [fds] if isinstance(fds, int) else fds
     array = out.numpy()
     total = 0
     for r in ranges:
+        fd = fds[r.part]
         view = memoryview(array[r.buffer_offset : r.buffer_offset + r.nbytes])
         done = 0
         while done < r.nbytes:
@@ -94,8 +115,9 @@ class DiskReader:
         self.path, self.layouts, self.timeout_s = str(path), dict(layouts), timeout_s
         size = max(layout.nbytes for layout in self.layouts.values())
         self.buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=pin_memory) for _ in range(n_buffers)]
-        self.fd = os.open(self.path, os.O_RDONLY)
-        self.identity = _identity(os.fstat(self.fd))
+        self.parts = [str(p) for p in part_paths(self.path)]
+        self.fds = open_parts(self.path)
+        self.identity = [_identity(os.fstat(fd)) for fd in self.fds]
         self.free = [queue.Queue() for _ in range(n_buffers)]  # release markers per staging buffer
         for q in self.free:
             q.put(None)
@@ -143,7 +165,7 @@ class DiskReader:
             self.closed = True
             self.requests.put(None)
             self.thread.join(timeout=self.timeout_s)
-            os.close(self.fd)
+            close_all(self.fds)
 
     # --- reader thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -152,7 +174,7 @@ class DiskReader:
                 self._wait_buffer_free(ticket.buffer)
                 self._check_file()
                 start = time.perf_counter()
-                nbytes = read_ranges(self.fd, self.layouts[ticket.layer].file_ranges, self.buffers[ticket.buffer])
+                nbytes = read_ranges(self.fds, self.layouts[ticket.layer].file_ranges, self.buffers[ticket.buffer])
                 self.stats.read_seconds += time.perf_counter() - start
                 self.stats.bytes_read += nbytes
             except BaseException as err:  # reported by the foreground, then this thread ends
@@ -183,8 +205,9 @@ class DiskReader:
 
     def _check_file(self) -> None:
         """The path must still name the file we opened, with no fewer bytes than we need."""
-        if os.fstat(self.fd).st_nlink == 0 or _identity(os.stat(self.path)) != self.identity:
-            raise FileNotFoundError("removed or replaced")
+        for fd, part, identity in zip(self.fds, self.parts, self.identity):
+            if os.fstat(fd).st_nlink == 0 or _identity(os.stat(part)) != identity:
+                raise FileNotFoundError("removed or replaced")
 
     def _describe(self, err: BaseException, layer: int) -> str:
         what = {FileNotFoundError: "vanished or was replaced", EOFError: "shrank"}.get(type(err))

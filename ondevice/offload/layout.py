@@ -8,7 +8,8 @@ is encoded:
              a model loaded by gguf's numpy dequantizer and cast the same way
   groupwise  int8/int4 codes + scales (`ondevice.quant.groupwise`); lossy
 GGUF layouts mirror the file: a run of tensors that are (nearly) adjacent in the file is one run in
-the buffer, so the disk tier reads a layer with one `pread` per run (`file_ranges`).
+the buffer, so the disk tier reads a layer with one `pread` per run (`file_ranges`). A model split
+into parts (`…-00001-of-00003.gguf`) is read the same way: each range names the part it is in.
 
 Parameters are re-pointed by replacing the block's `nn.Parameter` objects (`point_params`); while a
 layer is not loaded its parameters are meta tensors of the right shape and dtype (`free_params`).
@@ -19,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-import gguf
 import torch
 from torch import nn
 
+from ondevice.gguf_split import SplitReader
 from ondevice.quant import gguf_blocks, groupwise
 from ondevice.quant.groupwise import GroupSpec
 
@@ -48,6 +49,7 @@ class FileRange:
     file_offset: int
     nbytes: int
     buffer_offset: int
+    part: int = 0  # which file of a split model (gguf_split.part_paths order)
 
 
 @dataclass(frozen=True)
@@ -109,14 +111,17 @@ class GGUFTensorInfo:
     nbytes: int
     qtype: int
     shape: tuple[int, ...]  # numpy order (GGUF dims reversed), as gguf's dequantize returns it
+    part: int = 0  # which file of a split model holds it
 
 
-def gguf_tensor_index(path: str) -> dict[str, GGUFTensorInfo]:
-    """Every tensor of a GGUF file: where its bytes are and how they are encoded."""
-    reader = gguf.GGUFReader(path)
+def gguf_tensor_index(path_or_reader) -> dict[str, GGUFTensorInfo]:
+    """Every tensor of a GGUF model (all parts if split): where its bytes are and how they are encoded.
+    Takes a path or a gguf_split.SplitReader already open (parsing a header takes seconds)."""
+    reader = path_or_reader if isinstance(path_or_reader, SplitReader) else SplitReader(path_or_reader)
+    part_of = {path: i for i, path in enumerate(reader.parts)}
     return {
         t.name: GGUFTensorInfo(
-            int(t.data_offset), int(t.n_bytes), int(t.tensor_type), tuple(int(d) for d in reversed(t.shape))
+            int(t.data_offset), int(t.n_bytes), int(t.tensor_type), tuple(int(d) for d in reversed(t.shape)), part_of[t.path]
         )
         for t in reader.tensors
     }
@@ -140,17 +145,17 @@ def layout_from_gguf(
     absent = sorted(names[p] for p in params if names[p] not in index)
     if absent:
         raise ValueError(f"the GGUF file has no tensors {absent}")
-    order = sorted(params, key=lambda p: index[names[p]].file_offset)
+    order = sorted(params, key=lambda p: (index[names[p]].part, index[names[p]].file_offset))
     tensors, ranges, end = [], [], 0
-    run_file_start = run_buffer_start = run_file_end = None
+    run_file_start = run_buffer_start = run_file_end = run_part = None
     for name in order:
         info = index[names[name]]
         if tuple(params[name].shape) != info.shape:
             raise ValueError(f"{name} has shape {tuple(params[name].shape)} but {names[name]} is {info.shape}")
-        if run_file_end is None or not 0 <= info.file_offset - run_file_end <= MAX_GAP:
+        if run_file_end is None or info.part != run_part or not 0 <= info.file_offset - run_file_end <= MAX_GAP:
             if run_file_end is not None:
-                ranges.append(FileRange(run_file_start, run_file_end - run_file_start, run_buffer_start))
-            run_file_start, run_buffer_start = info.file_offset, _align(end)
+                ranges.append(FileRange(run_file_start, run_file_end - run_file_start, run_buffer_start, run_part))
+            run_file_start, run_buffer_start, run_part = info.file_offset, _align(end), info.part
         offset = run_buffer_start + info.file_offset - run_file_start
         heads = unpermute.get(name, 0)
         tensors.append(
@@ -159,7 +164,7 @@ def layout_from_gguf(
         run_file_end = info.file_offset + info.nbytes
         end = offset + info.nbytes
     if run_file_end is not None:
-        ranges.append(FileRange(run_file_start, run_file_end - run_file_start, run_buffer_start))
+        ranges.append(FileRange(run_file_start, run_file_end - run_file_start, run_buffer_start, run_part))
     return LayerLayout(tuple(tensors), _align(end), tuple(ranges))
 
 

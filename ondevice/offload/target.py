@@ -23,7 +23,7 @@ import torch
 
 from ondevice.errors import OndeviceError
 from ondevice.offload.build import gguf_names_from_table, offload_blocks, plan_for
-from ondevice.offload.layout import GGUFTensorInfo, LayerLayout, layout_from_gguf
+from ondevice.offload.layout import LayerLayout, gguf_tensor_index, layout_from_gguf
 from ondevice.offload.placement import Placement
 from ondevice.target import weights
 from ondevice.target.torch_model import ModelArgs, Transformer, rope_inv_freq
@@ -35,7 +35,7 @@ LAYER_NAMES = gguf_names_from_table(weights.GGUF_NAMES)  # block i's parameter â
 @dataclass
 class OffloadPlan:
     path: Path
-    reader: object  # gguf.GGUFReader of path
+    reader: object  # gguf_split.SplitReader of path (all parts of a split model)
     args: ModelArgs
     model: Transformer  # on the meta device: shapes and dtypes only
     layouts: dict[int, LayerLayout]  # layer â†’ its GGUF blocks as transferred
@@ -99,7 +99,7 @@ def plan_offload(
         model = Transformer(args).to(dtype)
     if model.output is not None:
         model.output.to(head_dtype)
-    index = _tensor_index(reader)
+    index = gguf_tensor_index(reader)
     unpermute = _llama_unpermute(args)
     try:
         layouts = {i: layout_from_gguf(block, LAYER_NAMES(i), index, unpermute) for i, block in enumerate(model.layers)}
@@ -108,16 +108,6 @@ def plan_offload(
     resident = _resident_bytes(model, args, dtype, n_ctx, max_tree)
     placement = plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
     return OffloadPlan(path, reader, args, model, layouts, resident, placement)
-
-
-def _tensor_index(reader) -> dict[str, GGUFTensorInfo]:
-    """`layout.gguf_tensor_index` from the reader already open (parsing a GGUF header takes seconds)."""
-    return {
-        t.name: GGUFTensorInfo(
-            int(t.data_offset), int(t.n_bytes), int(t.tensor_type), tuple(int(d) for d in reversed(t.shape))
-        )
-        for t in reader.tensors
-    }
 
 
 def _llama_unpermute(args: ModelArgs) -> dict[str, int] | None:

@@ -1,4 +1,7 @@
-"""A compact PyTorch decoder for the Qwen2 and Llama architectures, built to verify draft trees.
+"""A compact PyTorch decoder for the Qwen2, Qwen3 and Llama architectures, built to verify draft trees.
+
+Qwen3 differs from Qwen2 by a per-head RMSNorm of q and k before RoPE (`q_norm`, `k_norm`, over
+the head dim) and no q/k/v biases; Llama 3 by RoPE frequencies divided by per-frequency factors.
 
 One forward takes a batch of new tokens with *explicit* positions and an *arbitrary* boolean
 attention mask over (cache slots + new tokens), so a whole draft tree is one pass. New tokens are
@@ -28,7 +31,7 @@ from ondevice.errors import OndeviceError
 
 @dataclass
 class ModelArgs:
-    arch: str = "qwen2"  # "qwen2" or "llama"
+    arch: str = "qwen2"  # "qwen2", "qwen3" or "llama"
     vocab_size: int = 151936
     dim: int = 1536
     n_layers: int = 28
@@ -40,7 +43,8 @@ class ModelArgs:
     rope_theta: float = 1e6
     # Per-frequency divisors of RoPE's inverse frequencies (Llama 3 "llama3" scaling), hd // 2 values.
     rope_freq_factors: tuple[float, ...] | None = None
-    qkv_bias: bool = True  # Qwen2 has q/k/v biases, Llama does not
+    qkv_bias: bool = True  # Qwen2 has q/k/v biases, Llama and Qwen3 do not
+    qk_norm: bool = False  # Qwen3: RMSNorm of each head's q and k (weights of size hd) before RoPE
     tie_embeddings: bool = False  # LM head shares the token embedding matrix
 
     def __post_init__(self) -> None:
@@ -123,12 +127,19 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(args.head_dim, args.norm_eps)
+            self.k_norm = RMSNorm(args.head_dim, args.norm_eps)
+        self.qk_norm = args.qk_norm
         self.kv_cache: KVCache | None = None
 
     def forward(self, x, rope, mask, start):
         B, T, C = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, nh, hd)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, nkv, hd)
+        if self.qk_norm:  # Qwen3: normalise each head's q and k
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         k, v = self.kv_cache.write(start, k, v)  # (B, nkv, S, hd)

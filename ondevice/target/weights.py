@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from ondevice.errors import OndeviceError
+from ondevice.gguf_split import SplitReader
 from ondevice.target.torch_model import ModelArgs
 
-SUPPORTED_ARCHS = ("llama", "qwen2")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 
 # GGUF tensor name -> ours; "{i}" is the layer index
 GGUF_NAMES = {
@@ -41,6 +42,8 @@ GGUF_NAMES = {
     "blk.{i}.attn_k.bias": "layers.{i}.attention.wk.bias",
     "blk.{i}.attn_v.weight": "layers.{i}.attention.wv.weight",
     "blk.{i}.attn_v.bias": "layers.{i}.attention.wv.bias",
+    "blk.{i}.attn_q_norm.weight": "layers.{i}.attention.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "layers.{i}.attention.k_norm.weight",
     "blk.{i}.attn_output.weight": "layers.{i}.attention.wo.weight",
     "blk.{i}.ffn_norm.weight": "layers.{i}.ffn_norm.weight",
     "blk.{i}.ffn_gate.weight": "layers.{i}.feed_forward.w_gate.weight",
@@ -60,6 +63,8 @@ _HF_NAMES = {
     "model.layers.{i}.self_attn.k_proj.bias": "layers.{i}.attention.wk.bias",
     "model.layers.{i}.self_attn.v_proj.weight": "layers.{i}.attention.wv.weight",
     "model.layers.{i}.self_attn.v_proj.bias": "layers.{i}.attention.wv.bias",
+    "model.layers.{i}.self_attn.q_norm.weight": "layers.{i}.attention.q_norm.weight",
+    "model.layers.{i}.self_attn.k_norm.weight": "layers.{i}.attention.k_norm.weight",
     "model.layers.{i}.self_attn.o_proj.weight": "layers.{i}.attention.wo.weight",
     "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.ffn_norm.weight",
     "model.layers.{i}.mlp.gate_proj.weight": "layers.{i}.feed_forward.w_gate.weight",
@@ -82,17 +87,9 @@ def _rename(name: str, table: dict[str, str]) -> str | None:
 # --- GGUF ------------------------------------------------------------------------------------------
 
 
-def open_gguf(path: str | Path):
-    """A gguf.GGUFReader of the file, or a one-line OndeviceError (missing, not a GGUF)."""
-    import gguf
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise OndeviceError(f"No GGUF file at {path}: check the path or run `ondevice download`.")
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as err:  # bad magic, truncated file
-        raise OndeviceError(f"{path} is not a readable GGUF file ({err}): download it again.") from err
+def open_gguf(path: str | Path) -> SplitReader:
+    """A reader of the model (every part of a split one), or a one-line OndeviceError (missing, not a GGUF)."""
+    return SplitReader(path)
 
 
 def _field(reader, key: str, default=None):
@@ -105,7 +102,8 @@ def gguf_model_args(reader) -> ModelArgs:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise OndeviceError(
-            f"GGUF architecture {arch!r} is not supported by the PyTorch target (supported: {', '.join(SUPPORTED_ARCHS)})."
+            f"GGUF architecture {arch!r} is not supported by the PyTorch target (supported: {', '.join(SUPPORTED_ARCHS)}); "
+            "run it with --target-backend llama, which runs whatever llama.cpp supports."
         )
     tensors = {t.name: t for t in reader.tensors}
     dim, n_heads = int(_field(reader, f"{arch}.embedding_length")), int(_field(reader, f"{arch}.attention.head_count"))
@@ -114,7 +112,7 @@ def gguf_model_args(reader) -> ModelArgs:
         raise OndeviceError("This GGUF uses partial rotary embeddings, which the PyTorch target does not support.")
     scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
-        raise OndeviceError(f"This GGUF uses RoPE scaling {scaling!r}, which the PyTorch target does not support.")
+        raise OndeviceError(f"This GGUF uses RoPE scaling {scaling!r}, which the PyTorch target does not support; run it with --target-backend llama.")
     factors = tensors.get("rope_freqs.weight")
     return ModelArgs(
         arch=arch,
@@ -129,6 +127,7 @@ def gguf_model_args(reader) -> ModelArgs:
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rope_freq_factors=None if factors is None else tuple(np.asarray(factors.data, dtype=np.float64)),
         qkv_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
         tie_embeddings="output.weight" not in tensors,
     )
 
@@ -219,7 +218,8 @@ def hf_model_args(config: dict) -> ModelArgs:
     arch = config.get("model_type")
     if arch not in SUPPORTED_ARCHS:
         raise OndeviceError(
-            f"Model type {arch!r} is not supported by the PyTorch target (supported: {', '.join(SUPPORTED_ARCHS)})."
+            f"Model type {arch!r} is not supported by the PyTorch target (supported: {', '.join(SUPPORTED_ARCHS)}); "
+            "convert it to GGUF and run it with --target-backend llama."
         )
     if config.get("mlp_bias"):
         raise OndeviceError("This Llama checkpoint has MLP biases, which the PyTorch target does not support.")
@@ -243,6 +243,7 @@ def hf_model_args(config: dict) -> ModelArgs:
         rope_theta=theta,
         rope_freq_factors=llama3_rope_factors(head_dim, theta, rope) if rope_type == "llama3" else None,
         qkv_bias=True if arch == "qwen2" else bool(config.get("attention_bias", False)),
+        qk_norm=arch == "qwen3",
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
 
