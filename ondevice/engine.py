@@ -81,6 +81,19 @@ class SpecEngine:
         self.overlap = overlap  # draft the likely next tree while the target verifies
         self._worker: Overlap | None = None  # runs the target passes beside the drafter, made on first use
         self.cached: list[int] = []  # the tokens whose KV the target holds, in order
+        self.closed = False
+
+    def close(self) -> None:
+        """Free everything now, not at garbage collection: the overlap worker thread, then the drafter
+        and the target (llama.cpp contexts and models, an offloaded target's streaming threads)."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        for part in (self.drafter, self.target):
+            if hasattr(part, "close"):
+                part.close()
+        self.cached = []
+        self.closed = True
 
     def _sync_prompt(self, prompt: Sequence[int], stats: Stats) -> None:
         """Make the target cache hold prompt[:-1] (prompt[-1] becomes the first tree's root)."""
@@ -130,6 +143,8 @@ class SpecEngine:
     ) -> Iterator[Step | Stats]:
         """Decode up to max_tokens after `prompt`. observe(tree, accepted path) sees every verified
         tree of this call (the planner's acceptance tracking, for the answers it planned)."""
+        if self.closed:
+            raise OndeviceError("this pipeline is closed (its models were freed); load it again.")
         stats = Stats(prompt_tokens=len(prompt), spec=spec if self.drafter is not None else None)
         start = time.perf_counter()
         self._sync_prompt(prompt, stats)

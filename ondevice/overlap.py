@@ -101,6 +101,10 @@ class Overlap:
         self.drafter = drafter
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ondevice-target")
 
+    def close(self) -> None:
+        """Stop the worker thread (after the pass it may be running)."""
+        self.pool.shutdown(wait=True)
+
     def forward(
         self, tree: DraftTree, context: list[int], spec: DraftSpec, room: int, tokens_left: int, stats
     ) -> tuple[np.ndarray, Guess | None]:

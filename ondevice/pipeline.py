@@ -102,14 +102,35 @@ class Pipeline:
         return planned
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        self._check_open()
         return self.tokenizer.encode(self.tokenizer.render_chat(messages), add_special=False, parse_special=True)
 
     def encode_prompt(self, prompt: str) -> list[int]:
+        self._check_open()
         return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+
+    def close(self) -> None:
+        """Free the models and threads now, in this order: the overlap worker, the drafter, the target
+        (llama.cpp contexts and models, an offloaded target's streaming threads), the tokenizer.
+        Idempotent; `with ondevice.load(...) as pipe:` calls it on leaving the block."""
+        self.engine.close()
+        self.tokenizer.close()
+        self.planner = self.backends = None  # the profile's factories hold the target
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self.engine.closed:
+            raise OndeviceError("this pipeline is closed (its models were freed); load it again.")
 
     def stream_tokens(
         self, prompt_ids: list[int], max_tokens: int = 256, sampling: Sampling = Sampling(), spec: DraftSpec | None = None, rule: str = "specexec"
     ) -> Iterator[Record]:
+        self._check_open()
         decoder = StreamDecoder(self.tokenizer)
         spec = self.resolve(spec, sampling)
         planner = self.planner if self.plan is not None else None  # it learns only from the answers it planned

@@ -32,10 +32,14 @@ class Tokenizer:
         template = llama_cpp.llama_model_chat_template(self._model, None)
         self.chat_template = template.decode("utf-8") if template else None
 
-    def __del__(self) -> None:
+    def close(self) -> None:
+        """Free the vocabulary now (it is also freed at garbage collection)."""
         if getattr(self, "_model", None) is not None:
             llama_cpp.llama_model_free(self._model)
             self._model = None
+
+    def __del__(self) -> None:
+        self.close()
 
     def _meta(self, key: str) -> str:
         buf = ctypes.create_string_buffer(256)

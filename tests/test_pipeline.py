@@ -1,12 +1,13 @@
 """The pipeline as the CLI uses it, on a tiny catalog pair (real llama.cpp models, temp ONDEVICE_HOME):
 the planner learns only from the answers it planned and its best-first plans keep the depth they
-were priced at; `ondevice profile` shows the plan a chat starts with."""
+were priced at; `ondevice profile` shows the plan a chat starts with; `close()` frees everything."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
+import threading
 
 import pytest
 from rich.console import Console
@@ -17,6 +18,7 @@ from ondevice.plan.cost_model import choose_plan, plan_as_dict
 from ondevice.plan.fallback import LookupTracker
 from ondevice.plan.hardware import Curves, LatencyCurve, powers_of_two
 from ondevice.protocols import DraftSpec
+import tiny_models
 from tiny_models import write_tiny_pair
 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
@@ -92,3 +94,49 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
     assert shown == plan_as_dict(chat_plan) and shown["builder"] == "lookup"
     bare = choose_plan(steep, autoplan.AcceptanceTracker.load("tiny").p_rank, False)
     assert bare.builder == "target-only"  # what profile showed before it asked the planner
+
+
+# --- closing ---------------------------------------------------------------------------------------
+
+
+def ondevice_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("ondevice"))
+
+
+def test_close_frees_models_and_threads_and_the_pair_loads_again(tmp_path, monkeypatch):
+    """An offloaded torch target (layers streamed from RAM and disk: copy and disk threads) with the
+    overlap worker: every thread ends and every llama.cpp model is freed when the block ends."""
+    import torch
+
+    from ondevice.errors import OndeviceError
+    from ondevice.offload.target import plan_offload
+
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 6)  # enough layers that most can stream
+    write_tiny_pair(tmp_path, arch="llama", head_scale=3.0)
+    plan = plan_offload(tmp_path / "models" / "tiny-target.gguf", "cpu", torch.float32, 256, "1TB", "1TB", max_tree=256)
+    layer = max(layout.nbytes for layout in plan.layouts.values())
+    floor = plan.resident_bytes + 3 * layer  # two ring slots and one decoded layer: nothing stays resident
+    options = dict(target_backend="torch", device="cpu", gpu_memory=str(floor), ram_memory=str(3 * layer),
+                   threads=1, n_ctx=256, overlap=True)  # RAM: two disk staging buffers and one layer
+
+    def answer(pipe) -> list[int]:
+        return [t for r in pipe.stream(MESSAGES, max_tokens=16, spec=DraftSpec("chain", 3)) for t in r.token_ids]
+
+    before = ondevice_threads()  # other tests' engines may still hold theirs
+    with ondevice.load("tiny", **options) as pipe:
+        first = answer(pipe)
+        assert pipe.engine.target.placement.from_disk and pipe.engine.target.placement.from_ram
+        started = ondevice_threads()
+        for name in ("ondevice-copy", "ondevice-disk", "ondevice-target_0"):
+            assert started.count(name) == before.count(name) + 1
+        drafter = pipe.engine.drafter.model
+    assert ondevice_threads() == before
+    assert drafter.model.handle is None and pipe.tokenizer._model is None and pipe.engine.target.streamer is None
+    with pytest.raises(OndeviceError, match="closed"):
+        answer(pipe)
+    pipe.close()  # twice is fine
+
+    with ondevice.load("tiny", **options) as again:
+        assert answer(again) == first
+    assert ondevice_threads() == before

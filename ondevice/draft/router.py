@@ -28,3 +28,7 @@ class DraftRouter:
         if self.model is None:
             raise OndeviceError(f"the {spec.builder} tree needs the drafter model, which is not loaded; use --tree lookup.")
         return self.model.draft(context, spec)
+
+    def close(self) -> None:
+        if hasattr(self.model, "close"):
+            self.model.close()
