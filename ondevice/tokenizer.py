@@ -12,10 +12,9 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-import jinja2.sandbox
 import llama_cpp
 
-from ondevice import llama_backend
+from ondevice import chat_template, llama_backend
 from ondevice.errors import OndeviceError
 
 
@@ -96,22 +95,19 @@ class Tokenizer:
                 "add_eos": bool(llama_cpp.llama_vocab_get_add_eos(v)), "type": llama_cpp.llama_vocab_type(v)}
 
     # --- chat ---------------------------------------------------------------------------------
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True, think: bool | None = None) -> str:
+        """The chat template applied to `messages` (see chat_template.py); think: Qwen3's thinking switch."""
         if not self.chat_template:
-            raise OndeviceError(f"{self.path.name} has no chat template; use `ondevice generate` with a plain prompt.")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-        def raise_exception(message: str) -> None:
-            raise OndeviceError(f"chat template error: {message}")
-
-        template = env.from_string(self.chat_template)
-        return template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
+            raise OndeviceError(f"{self.path.name} has no chat template; use `ondevice generate --raw` with a plain prompt.")
+        return chat_template.render(
+            self.chat_template, messages, model=self.path.name, add_generation_prompt=add_generation_prompt, think=think,
             bos_token=self.piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else "",
             eos_token=self.piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else "",
-            raise_exception=raise_exception,
         )
+
+    @property
+    def can_switch_thinking(self) -> bool:
+        return bool(self.chat_template) and chat_template.has_thinking_switch(self.chat_template)
 
 
 class StreamDecoder:

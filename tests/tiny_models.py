@@ -192,16 +192,18 @@ def gguf_tensors(config: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
 def write_tiny_gguf(
     path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0,
     noise: float = 0.0, pad_to: int | None = None, split_max_tensors: int = 0, chat_template: str | None = None,
+    specials: tuple[str, ...] = (),
 ) -> Path:
     """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path.
     head_scale, noise: see `tiny_hf_tensors`. pad_to: the model has this many token ids, the ones past
     `vocab` being padding (`[PAD<i>]`, type UNUSED, as llama.cpp's converter writes Qwen2.5 7B+).
     split_max_tensors: write a split set of parts with at most this many tensors each (gguf-py's
     writer, llama.cpp's naming: path's stem + -00001-of-0000N.gguf); returns the first part.
-    chat_template: stored as tokenizer.chat_template."""
+    chat_template: stored as tokenizer.chat_template. specials: control tokens appended after
+    <|endoftext|> (ids vocab, vocab+1, …); the first is then BOS and the last EOS."""
     import gguf
 
-    config = tiny_config(arch, pad_to or vocab)
+    config = tiny_config(arch, pad_to or vocab + len(specials))
     writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     writer.add_name(f"tiny-{arch}")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
@@ -217,16 +219,17 @@ def write_tiny_gguf(
         writer.add_value_length(config["head_dim"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     tokens, types, merges = tiny_vocab(vocab)
+    tokens, types = tokens + list(specials), types + [int(gguf.TokenType.CONTROL)] * len(specials)
     if pad_to:
-        tokens += [f"[PAD{i}]" for i in range(vocab, pad_to)]
-        types += [int(gguf.TokenType.UNUSED)] * (pad_to - vocab)
+        tokens += [f"[PAD{i}]" for i in range(len(tokens), pad_to)]
+        types += [int(gguf.TokenType.UNUSED)] * (pad_to - len(types))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("llama-bpe" if arch == "llama" else "qwen2")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
-    writer.add_bos_token_id(vocab - 1)
-    writer.add_eos_token_id(vocab - 1)
+    writer.add_bos_token_id(vocab if specials else vocab - 1)
+    writer.add_eos_token_id(vocab + len(specials) - 1)
     writer.add_add_bos_token(False)
     if chat_template is not None:
         writer.add_chat_template(chat_template)

@@ -12,12 +12,13 @@ import typer
 
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec, stats_line
+from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
 from ondevice.pipeline import LoadOptions
 from ondevice.verify import Sampling
 
 HELP = """commands:
-  /set temperature X | top_p X | top_k N | seed N | max_tokens N | tree NAME | budget N | system TEXT
+  /set temperature X | top_p X | top_k N | seed N | max_tokens N | tree NAME | budget N | system TEXT | think on|off
   /show      model, backend and settings
   /clear     forget the conversation
   /bye       exit
@@ -46,13 +47,22 @@ def apply_set(settings: dict, args: list[str]) -> None:
     if len(args) < 2:
         raise OndeviceError("usage: /set KEY VALUE (see /help).")
     key, value = args[0].replace("-", "_"), " ".join(args[1:])
-    kinds = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "tree": str, "budget": int, "system": str}
+    kinds = {"temperature": float, "top_p": float, "top_k": int, "seed": int, "max_tokens": int, "tree": str, "budget": int, "system": str,
+             "think": _on_off}
     if key not in kinds:
         raise OndeviceError(f"unknown setting {key!r}; settable: {', '.join(kinds)}.")
     try:
         settings[key] = kinds[key](value)
     except ValueError:
-        raise OndeviceError(f"{key} needs a {kinds[key].__name__}, got {value!r}.") from None
+        raise OndeviceError(f"{key} needs a {kinds[key].__name__.strip('_').replace('_', '/')}, got {value!r}.") from None
+
+
+def _on_off(value: str) -> bool:
+    if value.lower() in ("on", "true", "yes", "1"):
+        return True
+    if value.lower() in ("off", "false", "no", "0"):
+        return False
+    raise ValueError(value)
 
 
 @opt.load_options
@@ -65,11 +75,13 @@ def chat(
     tree: opt.Tree = "auto",
     budget: opt.Budget = None,
     system: str = typer.Option("", "--system", help="System prompt."),
+    think: opt.Think = None,
     *,
     load: LoadOptions,
 ) -> None:
     """Chat with the model in the terminal (downloads the default pair on first use)."""
-    settings = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, tree=tree, budget=budget, system=system)
+    settings = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, tree=tree, budget=budget, system=system,
+                    think=think)
     no_draft = not load.draft
     make_spec(tree, budget, no_draft, Sampling(temperature, top_p, top_k, seed))  # bad options fail before loading
     pipe = load_pipeline(load)
@@ -114,13 +126,23 @@ def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: b
     sampling = Sampling(settings["temperature"], settings["top_p"], settings["top_k"], settings["seed"])
     spec = make_spec(settings["tree"], settings["budget"], no_draft, sampling)
     messages = ([{"role": "system", "content": settings["system"]}] if settings["system"] else []) + history
-    ids = pipe.encode_chat(messages)
-    parts, stats = [], None
+    ids = pipe.encode_chat(messages, think=settings["think"])
+    parts, stats, splitter = [], None, ThinkSplitter()
     for rec in pipe.stream_tokens(ids, max_tokens=settings["max_tokens"], sampling=sampling, spec=spec):
-        sys.stdout.write(rec.text)
-        sys.stdout.flush()
+        show(splitter.push(rec.text))
         parts.append(rec.text)
         stats = rec.stats or stats
+    show(splitter.flush())
     print()
     err.print(f"[dim]{stats_line(stats, pipe.plan)}[/]")
     return "".join(parts)
+
+
+def show(runs: list[tuple[str, bool]]) -> None:
+    """Stream text to the terminal: the model's thinking dimmed, its answer plain."""
+    for text, thinking in runs:
+        if thinking:
+            console.print(text, style="dim", end="", markup=False, highlight=False, soft_wrap=True)
+        else:
+            sys.stdout.write(text)
+        sys.stdout.flush()

@@ -30,6 +30,10 @@ Tree = Annotated[str, typer.Option("--tree", help="Draft tree builder: chain, be
 Budget = Annotated[Optional[int], typer.Option("--budget", help="Drafted tokens per target pass (default: chosen by the builder/planner).")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: physical cores this process may use).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+Think = Annotated[
+    Optional[bool],
+    typer.Option("--think/--no-think", help="Models that think before answering (Qwen3): on or off (default: the model's chat template's default, on)."),
+]
 
 # --- the load options: one group, one declaration ---------------------------------------------
 TargetModel = Annotated[

@@ -26,6 +26,7 @@ def generate(
     tree: opt.Tree = "auto",
     budget: opt.Budget = None,
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
+    think: opt.Think = None,
     as_json: opt.Json = False,
     *,
     load: LoadOptions,
@@ -34,7 +35,9 @@ def generate(
     sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     spec = make_spec(tree, budget, not load.draft, sampling)
     pipe = load_pipeline(load)
-    ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}])
+    if think is not None and not pipe.tokenizer.can_switch_thinking:
+        err.print(f"[dim]{pipe.pair.target.name}'s chat template has no thinking switch: --{'' if think else 'no-'}think changes nothing[/]")
+    ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}], think=think)
     text, token_ids, stats = [], [], None
     for rec in pipe.stream_tokens(ids, max_tokens=max_tokens, sampling=sampling, spec=spec):
         text.append(rec.text)
