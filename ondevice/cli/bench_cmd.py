@@ -89,17 +89,37 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
 @opt.load_options
 def bench(
     trees: str = typer.Option("auto,chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare (auto: the planner's choice)."),
-    budgets: str = typer.Option("4,16,64", "--budgets", help="Comma-separated draft budgets (nodes per target pass)."),
+    budgets: str = typer.Option(
+        None, "--budgets", help="Comma-separated draft budgets (drafted nodes per target pass; default 4,16,64). "
+        "With --synthetic: the pass sizes to time (tokens per target pass).", show_default=False,
+    ),
     prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays) or calibration."),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
     max_tokens: opt.MaxTokens = 128,
     temperature: opt.Temperature = 0.0,
     as_json: opt.Json = False,
     out: str = typer.Option(None, "--out", help="Also write the JSON report to this file (README figures come from such files)."),
+    synthetic: str = typer.Option(
+        None, "--synthetic", metavar="NAME", help="Measure a model with random weights instead: a shape preset (qwen2.5-32b, "
+        "llama-3.3-70b, …), a catalog pair (its target and drafter) or a GGUF to twin. Pass time vs tokens, bytes per pass "
+        "and bandwidth on this machine, with the backend and placement a real model gets; cached for `ondevice models --predict`.",
+    ),
+    keep: bool = typer.Option(False, "--keep", help="With --synthetic: keep the generated GGUF under $ONDEVICE_HOME/synthetic/models (reused next time)."),
+    compare_real: bool = typer.Option(
+        False, "--compare-real", help="With --synthetic PAIR-or-GGUF: also time the real target file in the same run, alternating with its twin."
+    ),
     *,
     load: LoadOptions,
 ) -> None:
-    """Measure tokens per target pass and tok/s: the target alone vs each tree builder and budget."""
+    """Measure tokens per target pass and tok/s: the target alone vs each tree builder and budget.
+
+    With --synthetic NAME: measure a model that is not downloaded (random weights, real shapes and
+    GGUF block formats) — its pass-time curve on this machine."""
+    if synthetic:
+        from ondevice.cli.synthetic_bench import run_synthetic
+
+        return run_synthetic(synthetic, parse_list(budgets, int) if budgets else None, keep, compare_real, as_json, load)
+    budgets = budgets or "4,16,64"
     sets = {"eval": prompt_sets.EVAL, "code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL, "edit": prompt_sets.EDIT_EVAL, "calibration": prompt_sets.CALIBRATION}
     if prompt_set not in sets:
         raise OndeviceError(f"unknown prompt set {prompt_set!r}; choose one of {', '.join(sets)}.")

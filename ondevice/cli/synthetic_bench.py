@@ -1,0 +1,78 @@
+"""`ondevice bench --synthetic NAME`: measure a model that is not here, with random weights.
+
+For each synthetic model NAME stands for (a preset shape, a catalog pair's target and drafter, or
+a twin of a GGUF file): write it, time its passes on this machine with the backend and placement
+a real model of that shape would get, print the curve, the bytes a pass reads and the bandwidth
+that achieves against the machine's own, and cache the curve for `ondevice models --predict`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.table import Table
+
+from ondevice.cli.decoding import console, err
+from ondevice.errors import OndeviceError
+from ondevice.pipeline import LoadOptions
+from ondevice.sizes import format_bytes
+from ondevice.synthetic.cache import SyntheticMeasurement
+from ondevice.synthetic.measure import compare_with_real, measure
+from ondevice.synthetic.sources import SyntheticModel, resolve
+
+
+def run_synthetic(name: str, sizes: list[int] | None, keep: bool, compare_real: bool, as_json: bool, load: LoadOptions) -> None:
+    models = resolve(name)
+    if compare_real and not any(m.real_file for m in models if m.role == "target"):
+        raise OndeviceError(f"--compare-real needs the real file: {name!r} is not downloaded here (or is a preset, not a pair or a file).")
+    records = []
+    for model in models:
+        m = measure(model, load, sizes if model.role == "target" else None, keep=keep, show=not as_json)
+        record = m.to_dict()
+        if compare_real and model.role == "target":
+            record["compare_real"] = _compare(model, load, m.curve.ns, as_json)
+        records.append(record)
+        if not as_json:
+            console.print(curve_table(m, record.get("compare_real")))
+            for line in summary_lines(m, model):
+                console.print(line)
+    if as_json:
+        print(json.dumps({"synthetic": name, "measurements": records}, indent=2))
+
+
+def _compare(model: SyntheticModel, load: LoadOptions, ns, as_json: bool) -> dict:
+    if not as_json:
+        err.print(f"measuring the real {model.real_file.name} and its twin, alternating")
+    real, twin = compare_with_real(model, load, ns, show=not as_json)
+    ratios = [t / r for t, r in zip(twin.seconds, real.seconds)]
+    return {"real_file": str(model.real_file), "ns": list(real.ns), "real_seconds": list(real.seconds),
+            "twin_seconds": list(twin.seconds), "twin_over_real": ratios,
+            "max_deviation": max(abs(x - 1) for x in ratios)}  # fmt: skip
+
+
+def curve_table(m: SyntheticMeasurement, compare: dict | None = None) -> Table:
+    what = "target pass vs tokens" if m.role == "target" else "draft call vs batch"
+    table = Table(title=f"synthetic {m.shape} — {what} ({m.backend}{', ' + m.budgets if m.budgets else ''})", title_justify="left")
+    for col in ("n", "ms", "ms / token") + (("real ms", "twin / real") if compare else ()):
+        table.add_column(col, justify="right")
+    for i, (n, t) in enumerate(zip(m.curve.ns, m.curve.seconds)):
+        row = [str(n), f"{t * 1e3:.1f}", f"{t * 1e3 / n:.2f}"]
+        if compare:
+            row += [f"{compare['real_seconds'][i] * 1e3:.1f}", f"{compare['twin_over_real'][i]:.2f}"]
+        table.add_row(*row)
+    return table
+
+
+def summary_lines(m: SyntheticMeasurement, model: SyntheticModel) -> list[str]:
+    t = m.traffic
+    twin = f", twin of {model.real_file.name}" if model.real_file else ""
+    lines = [f"file: {format_bytes(m.file_bytes)} of tensors (seed {m.seed}{twin}); placement: {m.placement}"]
+    rate = f"{m.achieved_gbps:.1f} GB/s at n = {m.curve.ns[0]}"
+    if t.reference_gbps:
+        rate += f" = {m.achieved_gbps / t.reference_gbps:.0%} of this machine's {t.reference} ({t.reference_gbps:.1f} GB/s, measured now)"
+    lines.append(f"bytes per pass: {format_bytes(t.bytes_per_pass)} from {t.source}; {rate}")
+    if t.copy_gbps:
+        lines.append(f"streamer's copy rate while copying: {t.copy_gbps:.1f} GB/s")
+    if m.note:
+        lines.append(f"[dim]{m.note}[/]")
+    return lines

@@ -1,0 +1,78 @@
+"""What a synthetic model measured on this machine, kept so predictions never re-measure.
+
+One JSON file per (machine fingerprint, shape, role, backend, memory budgets) under
+`<home>/synthetic/curves/`. A role "target" record holds the target pass time vs tokens per pass;
+a role "drafter" record the draft call time vs batch size (the curves the planner's cost model
+takes: `ondevice.plan.hardware.Curves`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ondevice.paths import home, write_json
+from ondevice.plan.hardware import LatencyCurve
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Traffic:
+    """The weight bytes one pass reads from the tier that bounds it, and that tier's measured speed."""
+
+    bytes_per_pass: int
+    source: str  # "RAM", "disk", "pinned RAM → GPU", "GPU memory"
+    reference: str  # what the bandwidth is: "RAM copy", "disk read", "pinned → GPU"
+    reference_gbps: float | None  # measured on this machine in the same run (None: not measurable)
+    copy_gbps: float | None = None  # a layer streamer's own rate while copying (streamed targets only)
+
+
+@dataclass
+class SyntheticMeasurement:
+    shape: str
+    role: str  # "target" (pass vs tokens) or "drafter" (draft call vs batch)
+    backend: str  # e.g. "llama-cpu-t2", "torch-cuda-t8"
+    budgets: str  # "" or e.g. "gpu 6GiB, ram 8GiB": the memory budgets it ran under
+    placement: str  # where the weights lived, in words
+    curve: LatencyCurve
+    traffic: Traffic
+    file_bytes: int
+    seed: int
+    note: str = ""  # e.g. why the curve stops where it does
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+    @property
+    def achieved_gbps(self) -> float:
+        """Bytes per pass over the time of the smallest pass (n = 1): the bandwidth the pass achieved."""
+        return self.traffic.bytes_per_pass / self.curve(self.curve.ns[0]) / 1e9
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT_VERSION, **asdict(self), "curve": self.curve.to_dict(), "achieved_gbps": self.achieved_gbps}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SyntheticMeasurement":
+        if d.get("format") != FORMAT_VERSION:
+            raise ValueError(f"format {d.get('format')} is not {FORMAT_VERSION}")
+        fields = {k: v for k, v in d.items() if k not in ("format", "achieved_gbps")}
+        return cls(**{**fields, "curve": LatencyCurve.from_dict(d["curve"]), "traffic": Traffic(**d["traffic"])})
+
+
+def measurement_path(fingerprint: str, shape: str, role: str, backend: str, budgets: str = "") -> Path:
+    suffix = "-" + re.sub(r"[^A-Za-z0-9.]+", "", budgets) if budgets else ""
+    return home() / "synthetic" / "curves" / f"{fingerprint}-{shape}-{role}-{backend}{suffix}.json"
+
+
+def save_measurement(fingerprint: str, m: SyntheticMeasurement) -> Path:
+    return write_json(measurement_path(fingerprint, m.shape, m.role, m.backend, m.budgets), m.to_dict())
+
+
+def load_measurement(fingerprint: str, shape: str, role: str, backend: str, budgets: str = "") -> SyntheticMeasurement | None:
+    """The cached measurement, or None when this machine has not measured it (or the file is unreadable)."""
+    try:
+        return SyntheticMeasurement.from_dict(json.loads(measurement_path(fingerprint, shape, role, backend, budgets).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

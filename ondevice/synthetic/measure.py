@@ -1,0 +1,149 @@
+"""Measure a synthetic model on this machine: pass time vs tokens, bytes per pass, bandwidth.
+
+    m = measure(model, LoadOptions(), ns=(1, 4, 16))   # writes the GGUF, measures, removes it
+
+The target runs through the pipeline's own loader (`pipeline.load_model_file`): the backend and
+placement a real model of that shape would get (llama.cpp resident; torch resident, streamed
+RAM→GPU under --gpu-memory, or from disk under --ram-memory). The bandwidth it is compared with is
+measured in the same run with the profile's functions (ondevice.plan.hardware): disk read of the
+synthetic file (before any backend maps it), RAM copy, pinned host→device on a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ondevice import pipeline
+from ondevice.paths import home
+from ondevice.pipeline import LoadOptions
+from ondevice.plan.auto import CPU_MAX_TREE
+from ondevice.plan.hardware import (
+    Bandwidths, LatencyCurve, machine_facts, measure_disk_read, measure_drafter_curve, measure_pinned_bandwidth,
+    measure_ram_bandwidth, measure_target_curve, powers_of_two,
+)  # fmt: skip
+from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
+from ondevice.synthetic.quant_mix import file_bytes
+from ondevice.synthetic.sources import SyntheticModel
+from ondevice.synthetic.writer import write_synthetic_gguf
+
+GPU_MAX_TREE = 2048
+DRAFT_BATCHES = powers_of_two(128)  # as `ondevice profile` measures the drafter
+
+
+def models_dir() -> Path:
+    return home() / "synthetic" / "models"
+
+
+def budgets_label(opts: LoadOptions) -> str:
+    return ", ".join(f"{name} {size}" for name, size in (("gpu", opts.gpu_memory), ("ram", opts.ram_memory)) if size)
+
+
+@contextmanager
+def synthetic_file(model: SyntheticModel, seed: int, keep: bool, show: bool) -> Iterator[Path]:
+    """The model's GGUF under <home>/synthetic/models: a kept one is reused, else written (and
+    removed on exit unless `keep`)."""
+    path = models_dir() / f"{model.shape.name}-seed{seed}.gguf"
+    existed = path.exists()
+    if not existed:
+        write_synthetic_gguf(model.shape, path, seed, model.tensors, show=show)
+    try:
+        yield path
+    finally:
+        if not keep and not existed:
+            path.unlink(missing_ok=True)
+
+
+def default_sizes(role: str, backend: str) -> tuple[tuple[int, ...], str]:
+    """(sizes to time, why they stop there)."""
+    if role == "drafter":
+        return DRAFT_BATCHES, "draft call vs batch, up to 128 (as `ondevice profile`)"
+    if "cuda" in backend:
+        return powers_of_two(GPU_MAX_TREE), ""
+    return powers_of_two(CPU_MAX_TREE), (
+        f"capped at {CPU_MAX_TREE} tokens on a CPU target: a pass costs about n one-token steps here, "
+        "so bigger trees never pay (--budgets to measure others)"
+    )
+
+
+def measure(
+    model: SyntheticModel, opts: LoadOptions, ns: Sequence[int] | None = None, seed: int = 0, keep: bool = False, show: bool = True
+) -> SyntheticMeasurement:
+    """Write (or reuse) the synthetic GGUF, measure its curve on this machine, cache and return it."""
+    facts = machine_facts(home())
+    with synthetic_file(model, seed, keep, show) as path:
+        bandwidths = Bandwidths(measure_ram_bandwidth(), disk_read=measure_disk_read(path))  # disk first: before a backend maps it
+        if facts.gpus:
+            bandwidths.host_to_device, bandwidths.device_to_host = measure_pinned_bandwidth()
+        backend, runner = pipeline.load_model_file(path, model.role, opts)
+        sizes, note = default_sizes(model.role, backend)
+        if ns:
+            sizes, note = tuple(sorted(set(ns))), ""
+        try:
+            if model.role == "drafter":
+                curve = measure_drafter_curve(runner.probe_batch, sizes, show=show)
+                placement, traffic = "on CPU (llama.cpp drafter)", _resident_traffic(model, bandwidths, "RAM")
+            else:
+                curve = measure_target_curve(runner, sizes, show=show)
+                placement, traffic = where_it_ran(runner, model, bandwidths)
+        finally:
+            runner.close()
+            del runner
+            gc.collect()
+    result = SyntheticMeasurement(
+        model.shape.name, model.role, backend, budgets_label(opts), placement, curve, traffic, file_bytes(list(model.tensors)), seed, note
+    )
+    save_measurement(facts.fingerprint(), result)
+    return result
+
+
+def where_it_ran(target, model: SyntheticModel, bw: Bandwidths) -> tuple[str, Traffic]:
+    """(placement in words, the bytes a pass reads from its slowest tier and that tier's bandwidth)."""
+    placement = getattr(target, "placement", None)
+    if not hasattr(target, "placement_summary"):  # llama.cpp: every weight read from RAM on each pass
+        return "all layers on CPU (llama.cpp)", _resident_traffic(model, bw, "RAM")
+    summary = target.placement_summary()
+    stats = target.streamer.collect_stats() if getattr(target, "streamer", None) is not None else None
+    copy = stats.bandwidth / 1e9 if stats and stats.bandwidth else None
+    if placement is None or not placement.streamed:
+        on_gpu = target.device.type == "cuda"
+        weights = sum(p.nbytes for name, p in target.model.named_parameters() if "tok_embeddings" not in name)
+        return summary, Traffic(weights, "GPU memory" if on_gpu else "RAM", "—" if on_gpu else "RAM copy", None if on_gpu else bw.ram_copy)
+    if placement.from_disk:
+        return summary, Traffic(placement.disk_bytes_per_pass, "disk", "disk read", bw.disk_read, copy)
+    if placement.device_kind == "GPU":
+        return summary, Traffic(placement.bytes_per_pass, "pinned RAM → GPU", "pinned → GPU", bw.host_to_device, copy)
+    return summary, Traffic(placement.bytes_per_pass, "RAM", "RAM copy", bw.ram_copy, copy)
+
+
+def _resident_traffic(model: SyntheticModel, bw: Bandwidths, source: str) -> Traffic:
+    """Every weight matrix is read once per pass; the embedding table only at the rows looked up."""
+    skip = "token_embd.weight" if not model.shape.tied else ""
+    return Traffic(sum(t.nbytes for t in model.tensors if t.name != skip), source, "RAM copy", bw.ram_copy)
+
+
+def compare_with_real(
+    model: SyntheticModel, opts: LoadOptions, ns: Sequence[int], seed: int = 0, rounds: int = 2, show: bool = True
+) -> tuple[LatencyCurve, LatencyCurve]:
+    """(real, twin) target curves measured in one run, alternating real, twin, real, twin, … so both
+    see the same machine; each point is the best of its rounds."""
+    if model.real_file is None:
+        raise ValueError("no real file to compare with")
+    with synthetic_file(model, seed, keep=False, show=show) as path:
+        _, real = pipeline.load_model_file(model.real_file, "target", opts)
+        _, twin = pipeline.load_model_file(path, "target", opts)
+        try:
+            curves: dict[str, list[LatencyCurve]] = {"real": [], "twin": []}
+            for _ in range(rounds):
+                for label, target in (("real", real), ("twin", twin)):
+                    curves[label].append(measure_target_curve(target, ns, show=show))
+        finally:
+            real.close()
+            twin.close()
+    return best_of(curves["real"]), best_of(curves["twin"])
+
+
+def best_of(curves: list[LatencyCurve]) -> LatencyCurve:
+    return LatencyCurve(curves[0].ns, tuple(min(c.seconds[i] for c in curves) for i in range(len(curves[0].ns))))

@@ -1,0 +1,186 @@
+"""Synthetic models against independent references.
+
+- The Q4_K_M mix: the per-tensor types llama.cpp's quantizer gave the real default pair's files.
+- Random blocks: decoded by gguf's own numpy dequantizer, finite, centred, of the chosen spread.
+- Tiny synthetic GGUFs (every block type the mix uses): llama.cpp loads them, our torch target
+  loads them, and their logits agree within the tolerance measured on the real 1.5B file
+  (`REAL_FILE_TOLERANCE`, see below).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize
+
+from ondevice.errors import OndeviceError
+from ondevice.pipeline import LoadOptions
+from ondevice.synthetic import writer
+from ondevice.synthetic.blocks import generator, pack_k_scales, random_blocks
+from ondevice.synthetic.cache import load_measurement
+from ondevice.synthetic.measure import measure, models_dir
+from ondevice.synthetic.quant_mix import q4_k_m_tensors
+from ondevice.synthetic.shapes import PRESETS, ModelShape
+from ondevice.synthetic.sources import from_preset, matching_preset, resolve, tensors_of_gguf
+from ondevice.synthetic.writer import write_synthetic_gguf
+from ondevice.plan.hardware import machine_facts
+from ondevice.target import weights
+from ondevice.target.torch_target import TorchTarget
+from ondevice.tree import DraftTree
+from test_torch_target import llama_cpp_logits
+
+# Torch fp32 vs llama.cpp on the same quantized GGUF differ because llama.cpp quantizes the
+# activations (Q8_K / Q8_0) for its dot products. On the real Qwen2.5-Coder-1.5B Q4_K_M file the
+# largest |Δlogit| is this fraction of the largest |logit| (test_real_file_tolerance measures it).
+REAL_FILE_TOLERANCE = 0.05
+
+
+def tiny_shape(arch: str, tied: bool = False) -> ModelShape:
+    """2 layers, width 256 (one K-quant block per row); an FFN of 320 makes ffn_down fall back to
+    Q5_0 / Q8_0, so the file holds Q4_K, Q6_K, Q5_0, Q8_0 and F32 tensors."""
+    return ModelShape(f"tiny-{arch}", arch, 2, 256, 320, 4, 2, 64, 512, tied=tied, rope_factor=8.0 if arch == "llama" else None)
+
+
+def random_tokens(n: int, seed: int, vocab: int = 511) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+# --- the mix -----------------------------------------------------------------------------------------
+
+
+def test_q4_k_m_mix_is_the_real_files(real_pair):
+    for path, preset in ((real_pair.target, "qwen2.5-coder-1.5b"), (real_pair.drafter, "qwen2.5-0.5b")):
+        assert tuple(q4_k_m_tensors(PRESETS[preset])) == tensors_of_gguf(path)
+
+
+def test_real_files_are_named_by_their_preset(real_pair):
+    assert [m.shape.name for m in resolve("qwen2.5-coder-1.5b")] == ["qwen2.5-coder-1.5b", "qwen2.5-0.5b"]
+    assert resolve("qwen2.5-coder-1.5b")[0].real_file == real_pair.target
+    assert matching_preset(dataclasses.replace(PRESETS["qwen3-8b"], name="x")) == "qwen3-8b"
+
+
+def test_the_mix_has_every_type_of_the_rule():
+    types = {t.name: t.qtype for t in q4_k_m_tensors(PRESETS["llama-3.3-70b"])}
+    assert types["output.weight"] == QT.Q6_K and types["token_embd.weight"] == QT.Q4_K
+    v = [t.qtype for t in q4_k_m_tensors(PRESETS["llama-3.3-70b"]) if t.name.endswith("attn_v.weight")]
+    assert set(v) == {QT.Q5_K, QT.Q6_K}  # a 70B: the attn_v that get no Q6_K get Q5_K
+    down = {t.qtype for t in q4_k_m_tensors(PRESETS["qwen2.5-72b"]) if t.name.endswith("ffn_down.weight")}
+    assert down == {QT.Q5_0, QT.Q8_0}  # 29,568 columns: not a multiple of 256
+    tied = q4_k_m_tensors(PRESETS["qwen3-0.6b"])
+    assert "output.weight" not in {t.name for t in tied} and tied[0].qtype == QT.Q6_K  # the embedding is the head
+
+
+# --- blocks ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q5_0, QT.Q5_1, QT.F16, QT.F32])
+def test_random_blocks_decode_to_finite_centred_weights_of_the_chosen_spread(qtype):
+    raw = random_blocks(qtype, 256 * 2048, generator(0, int(qtype)), 0.02)
+    if qtype in (QT.F16, QT.F32):
+        w = raw.view(np.float16 if qtype == QT.F16 else np.float32).astype(np.float64)
+    else:
+        w = dequantize(raw, qtype).astype(np.float64).reshape(-1)
+    assert np.isfinite(w).all() and w.size == 256 * 2048
+    assert w.std() == pytest.approx(0.02, rel=0.03)
+    assert abs(w.mean()) < 0.05 * w.std()
+
+
+def test_k_scales_pack_as_gguf_reads_them():
+    """A Q4_K block with known scales and mins decodes to d·sc·q − dmin·m in each sub-block."""
+    rng = np.random.default_rng(1)
+    sc, m = rng.integers(0, 64, (1, 8)).astype(np.uint8), rng.integers(0, 64, (1, 8)).astype(np.uint8)
+    q = np.full(256, 5, dtype=np.uint8)  # every 4-bit code is 5
+    block = np.concatenate([np.array([0.5, 0.25], dtype="<f2").view(np.uint8), pack_k_scales(sc, m)[0], (q[:128] | (q[128:] << 4))])
+    w = dequantize(block, QT.Q4_K).reshape(8, 32)
+    np.testing.assert_array_equal(w[:, 0], 0.5 * sc[0] * 5 - 0.25 * m[0])
+
+
+def test_same_seed_same_file_other_seed_other_weights(tmp_path):
+    shape = tiny_shape("qwen2")
+    digest = [hashlib.sha256(write_synthetic_gguf(shape, tmp_path / f"{i}.gguf", seed=s, show=False).read_bytes()).hexdigest()
+              for i, s in enumerate((3, 3, 4))]  # fmt: skip
+    assert digest[0] == digest[1] != digest[2]
+
+
+def test_not_enough_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda _: type("Usage", (), {"free": 10 << 20})())
+    with pytest.raises(OndeviceError, match="not enough disk space.*qwen2.5-72b") as info:
+        write_synthetic_gguf(PRESETS["qwen2.5-72b"], tmp_path / "big.gguf", show=False)
+    assert "\n" not in str(info.value) and list(tmp_path.iterdir()) == []
+
+
+# --- tiny synthetic models in both backends ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch,tied", [("qwen2", False), ("llama", False), ("llama", True), ("qwen3", True)])
+def test_tiny_synthetic_gguf_runs_in_llama_cpp_and_torch_alike(tmp_path, arch, tied):
+    shape = tiny_shape(arch, tied)
+    path = write_synthetic_gguf(shape, tmp_path / "tiny.gguf", seed=5, show=False)
+    assert {t.qtype for t in tensors_of_gguf(path)} == {QT.F32, QT.Q4_K, QT.Q6_K, QT.Q5_0, QT.Q8_0}
+    tokens = random_tokens(40, seed=6)
+    ref = llama_cpp_logits(path, tokens)[10:]
+    assert np.isfinite(ref).all() and ref.std() > 1.0  # random, not degenerate
+    if arch not in weights.SUPPORTED_ARCHS:
+        pytest.skip(f"the torch target does not read {arch} yet")
+    target = TorchTarget.from_gguf(path, dtype=torch.float32, n_ctx=64)
+    target.prefill(tokens[:10])
+    ours = target.forward_tree(DraftTree.chain(tokens[10], tokens[11:]))
+    assert np.abs(ours - ref).max() < REAL_FILE_TOLERANCE * np.abs(ref).max()
+
+
+@pytest.mark.real
+def test_real_file_tolerance(real_pair):
+    """The tolerance above, measured: torch fp32 vs llama.cpp on the real 1.5B target."""
+    tokens = random_tokens(24, seed=7, vocab=32000)
+    ref = llama_cpp_logits(real_pair.target, tokens)[8:]
+    target = TorchTarget.from_gguf(real_pair.target, dtype=torch.float32, n_ctx=64)
+    target.prefill(tokens[:8])
+    ours = target.forward_tree(DraftTree.chain(tokens[8], tokens[9:]))
+    ratio = np.abs(ours - ref).max() / np.abs(ref).max()
+    print(f"real file: max |Δlogit| = {np.abs(ours - ref).max():.3f}, max |logit| = {np.abs(ref).max():.1f}, ratio {ratio:.4f}")
+    assert ratio < REAL_FILE_TOLERANCE
+
+
+# --- measuring ----------------------------------------------------------------------------------------
+
+
+def test_measure_caches_the_curve_and_removes_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    model = from_preset(tiny_shape("qwen2"))
+    m = measure(model, LoadOptions(target_backend="llama", n_ctx=128), ns=(1, 2, 4), show=False)
+    assert m.curve.ns == (1, 2, 4) and all(t > 0 for t in m.curve.seconds)
+    assert m.traffic.bytes_per_pass == sum(t.nbytes for t in model.tensors if t.name != "token_embd.weight")
+    assert list(models_dir().iterdir()) == []  # not kept
+    cached = load_measurement(machine_facts().fingerprint(), "tiny-qwen2", "target", m.backend)
+    assert cached is not None and cached.curve == m.curve and cached.traffic == m.traffic
+    drafter = measure(from_preset(tiny_shape("qwen2"), "drafter"), LoadOptions(n_ctx=128), show=False, keep=True)
+    assert drafter.curve.ns == (1, 2, 4, 8, 16, 32, 64, 128)
+    assert [p.name for p in models_dir().iterdir()] == ["tiny-qwen2-seed0.gguf"]  # kept, reused next time
+
+
+def test_cli_synthetic_twin_of_a_file_as_json(tmp_path):
+    source = write_synthetic_gguf(tiny_shape("llama"), tmp_path / "mine.gguf", seed=9, show=False)
+    env_home = tmp_path / "home"
+    result = subprocess.run(
+        [sys.executable, "-m", "ondevice", "bench", "--synthetic", str(source), "--budgets", "1,2", "--json",
+         "--target-backend", "llama", "--ctx", "128"],
+        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "ONDEVICE_HOME": str(env_home)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)["measurements"][0]
+    assert record["shape"] == "mine" and record["curve"]["ns"] == [1, 2] and record["role"] == "target"
+    assert len(list((env_home / "synthetic" / "curves").iterdir())) == 1
+
+
+def test_cli_unknown_shape_is_one_line_error():
+    result = subprocess.run([sys.executable, "-m", "ondevice", "bench", "--synthetic", "gpt-5"], capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "gpt-5" in result.stderr and "qwen2.5-72b" in result.stderr
