@@ -23,11 +23,11 @@ from gguf.quants import dequantize
 
 from ondevice.errors import OndeviceError
 from ondevice.pipeline import LoadOptions
-from ondevice.synthetic import writer
+from ondevice.catalog import hub
 from ondevice.synthetic.blocks import generator, pack_k_scales, random_blocks
 from ondevice.synthetic.cache import load_measurement
 from ondevice.synthetic.measure import measure, models_dir
-from ondevice.synthetic.quant_mix import q4_k_m_tensors
+from ondevice.synthetic.quant_mix import file_bytes, preset_tensors
 from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.sources import from_preset, matching_preset, resolve, tensors_of_gguf
 from ondevice.synthetic.writer import write_synthetic_gguf
@@ -58,7 +58,7 @@ def random_tokens(n: int, seed: int, vocab: int = 511) -> list[int]:
 
 def test_q4_k_m_mix_is_the_real_files(real_pair):
     for path, preset in ((real_pair.target, "qwen2.5-coder-1.5b"), (real_pair.drafter, "qwen2.5-0.5b")):
-        assert tuple(q4_k_m_tensors(PRESETS[preset])) == tensors_of_gguf(path)
+        assert tuple(preset_tensors(PRESETS[preset])) == tensors_of_gguf(path)
 
 
 def test_real_files_are_named_by_their_preset(real_pair):
@@ -68,14 +68,26 @@ def test_real_files_are_named_by_their_preset(real_pair):
 
 
 def test_the_mix_has_every_type_of_the_rule():
-    types = {t.name: t.qtype for t in q4_k_m_tensors(PRESETS["llama-3.3-70b"])}
+    types = {t.name: t.qtype for t in preset_tensors(PRESETS["llama-3.3-70b"])}
     assert types["output.weight"] == QT.Q6_K and types["token_embd.weight"] == QT.Q4_K
-    v = [t.qtype for t in q4_k_m_tensors(PRESETS["llama-3.3-70b"]) if t.name.endswith("attn_v.weight")]
+    v = [t.qtype for t in preset_tensors(PRESETS["llama-3.3-70b"]) if t.name.endswith("attn_v.weight")]
     assert set(v) == {QT.Q5_K, QT.Q6_K}  # a 70B: the attn_v that get no Q6_K get Q5_K
-    down = {t.qtype for t in q4_k_m_tensors(PRESETS["qwen2.5-72b"]) if t.name.endswith("ffn_down.weight")}
+    down = {t.qtype for t in preset_tensors(PRESETS["qwen2.5-72b"]) if t.name.endswith("ffn_down.weight")}
     assert down == {QT.Q5_0, QT.Q8_0}  # 29,568 columns: not a multiple of 256
-    tied = q4_k_m_tensors(PRESETS["qwen3-0.6b"])
+    tied = preset_tensors(PRESETS["llama-3.2-1b"])
     assert "output.weight" not in {t.name for t in tied} and tied[0].qtype == QT.Q6_K  # the embedding is the head
+    assert {t.qtype for t in preset_tensors(PRESETS["qwen3-0.6b"])} == {QT.Q8_0, QT.F32}  # a Q8_0 file
+
+
+def test_every_catalog_model_has_a_preset_of_its_published_size():
+    """The mix's tensor bytes + the header (vocabulary, template: a few MB) = the size the hub lists."""
+    from ondevice.catalog.pairs import list_pairs
+
+    for pair in list_pairs():
+        for model in (pair.target, pair.drafter):
+            size = model.size or model.approx_size
+            tensors = file_bytes(preset_tensors(PRESETS[model.shape]))
+            assert 0 <= size - tensors < 16e6, (pair.name, model.label, size, tensors)
 
 
 # --- blocks ------------------------------------------------------------------------------------------
@@ -111,8 +123,8 @@ def test_same_seed_same_file_other_seed_other_weights(tmp_path):
 
 
 def test_not_enough_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer.shutil, "disk_usage", lambda _: type("Usage", (), {"free": 10 << 20})())
-    with pytest.raises(OndeviceError, match="not enough disk space.*qwen2.5-72b") as info:
+    monkeypatch.setattr(hub.shutil, "disk_usage", lambda _: type("Usage", (), {"free": 10 << 20})())
+    with pytest.raises(OndeviceError, match="not enough disk space") as info:
         write_synthetic_gguf(PRESETS["qwen2.5-72b"], tmp_path / "big.gguf", show=False)
     assert "\n" not in str(info.value) and list(tmp_path.iterdir()) == []
 

@@ -1,4 +1,6 @@
-"""The tensors of a model shape and the GGUF type llama.cpp's quantizer gives each one for Q4_K_M.
+"""The tensors of a model shape and the GGUF type llama.cpp's quantizer gives each one.
+
+Q8_0 (LLAMA_FTYPE_MOSTLY_Q8_0): every 2-D weight is Q8_0, norms and biases F32.
 
 llama.cpp (src/llama-quant.cpp, `llama_tensor_get_type_impl`), for LLAMA_FTYPE_MOSTLY_Q4_K_M:
   - every 2-D weight is Q4_K, norms and biases stay F32;
@@ -70,24 +72,30 @@ def layer_tensors(shape: ModelShape, i: int) -> list[tuple[str, tuple[int, ...]]
     return out
 
 
-def q4_k_m_tensors(shape: ModelShape) -> list[TensorSpec]:
-    """Every tensor with its Q4_K_M type, in the order of llama.cpp's files: head, embeddings, layers
-    in name order (blk.0, blk.1, blk.10, …), final norm."""
-    head = [] if shape.tied else [TensorSpec("output.weight", (shape.vocab, shape.dim), _head_type(shape.dim))]
-    embd = TensorSpec("token_embd.weight", (shape.vocab, shape.dim), _head_type(shape.dim) if shape.tied else _fit(QT.Q4_K, shape.dim))
+def preset_tensors(shape: ModelShape) -> list[TensorSpec]:
+    """Every tensor with its type in the shape's quant, in the order of llama.cpp's files: head,
+    embeddings, layers in name order (blk.0, blk.1, blk.10, …), final norm."""
+    if shape.quant not in QUANTS:
+        raise ValueError(f"unknown quant {shape.quant!r}")
+    q8 = shape.quant == "Q8_0"
+    head_type = QT.Q8_0 if q8 else _head_type(shape.dim)
+    head = [] if shape.tied else [TensorSpec("output.weight", (shape.vocab, shape.dim), head_type)]
+    embd = TensorSpec("token_embd.weight", (shape.vocab, shape.dim), head_type if shape.tied or q8 else _fit(QT.Q4_K, shape.dim))
     out = head + [embd]
     if shape.rope_factor is not None:
         out.append(TensorSpec("rope_freqs.weight", (shape.head_dim // 2,), QT.F32))
     for rank, i in enumerate(sorted(range(shape.n_layers), key=str)):  # layers in name order, as converted
         for name, dims in layer_tensors(shape, i):
-            out.append(TensorSpec(name, dims, _layer_type(shape, name, dims, rank)))
+            qtype = QT.F32 if len(dims) == 1 else QT.Q8_0 if q8 else _q4_k_m_type(shape, name, dims, rank)
+            out.append(TensorSpec(name, dims, qtype))
     out.append(TensorSpec("output_norm.weight", (shape.dim,), QT.F32))
     return out
 
 
-def _layer_type(shape: ModelShape, name: str, dims: tuple[int, ...], rank: int) -> QT:
-    if len(dims) == 1:
-        return QT.F32
+QUANTS = {"Q4_K_M": 15, "Q8_0": 7}  # name → llama.cpp's general.file_type
+
+
+def _q4_k_m_type(shape: ModelShape, name: str, dims: tuple[int, ...], rank: int) -> QT:
     qtype = QT.Q4_K
     if name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(rank, shape.n_layers):
         qtype = QT.Q6_K

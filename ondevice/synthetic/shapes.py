@@ -6,7 +6,8 @@
 Presets are the published configs (Hugging Face config.json) of the models in the catalog and
 their drafters. `tied`: the file has no output.weight and the LM head is the embedding matrix (as
 Llama-3.2-1B and Qwen3-0.6B GGUFs are written); Qwen's own GGUFs of Qwen2.5 carry an output.weight
-even for the small models, so those presets are untied.
+even for the small models, so those presets are untied. `quant`: the file type the catalog's file
+has (Q4_K_M, or Q8_0 for Qwen3-0.6B, which Qwen publishes only in Q8_0).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class ModelShape:
     norm_eps: float = 1e-6
     rope_factor: float | None = None  # Llama 3 RoPE scaling factor (writes rope_freqs.weight)
     role: str = "target"  # "drafter": small models measured as a drafter (draft call vs batch)
+    quant: str = "Q4_K_M"  # the llama.cpp file type people run it in (quant_mix.QUANTS)
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -78,7 +80,7 @@ PRESETS: dict[str, ModelShape] = {
         _qwen25("qwen2.5-32b", 64, 5120, 27648, 40, 8),
         _qwen25("qwen2.5-72b", 80, 8192, 29568, 64, 8),
         # Qwen3
-        _qwen3("qwen3-0.6b", 28, 1024, 3072, 16, tied=True, role="drafter"),
+        _qwen3("qwen3-0.6b", 28, 1024, 3072, 16, tied=True, role="drafter", quant="Q8_0"),  # Qwen publishes Q8_0 only
         _qwen3("qwen3-8b", 36, 4096, 12288, 32),
         _qwen3("qwen3-14b", 40, 5120, 17408, 40),
         _qwen3("qwen3-32b", 64, 5120, 25600, 64),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ondevice.errors import OndeviceError
 from ondevice.synthetic.blocks import SUPPORTED
-from ondevice.synthetic.quant_mix import TensorSpec, q4_k_m_tensors
+from ondevice.synthetic.quant_mix import TensorSpec, preset_tensors
 from ondevice.synthetic.shapes import PRESETS, ModelShape, find_shape, shape_of_gguf
 
 
@@ -41,7 +41,7 @@ def tensors_of_gguf(path: str | Path) -> tuple[TensorSpec, ...]:
 
 
 def from_preset(shape: ModelShape, role: str | None = None) -> SyntheticModel:
-    return SyntheticModel(shape, tuple(q4_k_m_tensors(shape)), role or shape.role)
+    return SyntheticModel(shape, tuple(preset_tensors(shape)), role or shape.role)
 
 
 def from_file(path: str | Path, name: str | None = None, role: str = "target") -> SyntheticModel:

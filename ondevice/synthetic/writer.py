@@ -11,24 +11,22 @@ name only once complete (written as `<name>.part`, then renamed); free disk spac
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from gguf import GGUFWriter, LlamaFileType
+from gguf import GGUFWriter
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from ondevice.errors import OndeviceError
-from ondevice.sizes import format_bytes
 from ondevice.synthetic.blocks import generator, random_blocks
-from ondevice.synthetic.quant_mix import TensorSpec, file_bytes, q4_k_m_tensors
+from ondevice.catalog.hub import check_free_space
+from ondevice.synthetic.quant_mix import QUANTS, TensorSpec, file_bytes, preset_tensors
 from ondevice.synthetic.shapes import LLAMA3_ROPE, ModelShape
 from ondevice.synthetic.vocab import synthetic_vocab
 
 CHUNK_BYTES = 64 << 20
-HEADER_ROOM = 256 << 20  # the header (vocabulary) and some room to spare on the disk
+HEADER_ROOM = 64 << 20  # the header (vocabulary); check_free_space adds its own margin
 HEAD_GAIN = 4.0  # LM head rows: logits of std ~4, like a trained model's
 
 
@@ -36,16 +34,17 @@ def write_synthetic_gguf(
     shape: ModelShape, path: str | Path, seed: int = 0, tensors: Sequence[TensorSpec] | None = None, show: bool = True
 ) -> Path:
     """Write `shape` with random weights to `path`; returns path. `tensors`: names, shapes and types
-    to write (default: llama.cpp's Q4_K_M mix for the shape). A progress bar if `show`."""
+    to write (default: llama.cpp's mix for the shape's quant). A progress bar if `show`."""
     path = Path(path)
-    q4_k_m = tensors is None
-    tensors = q4_k_m_tensors(shape) if q4_k_m else list(tensors)
-    check_free_space(path.parent, file_bytes(tensors) + HEADER_ROOM, shape.name)
+    preset = tensors is None
+    tensors = preset_tensors(shape) if preset else list(tensors)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(path.parent, file_bytes(tensors) + HEADER_ROOM)
     part = path.with_name(path.name + ".part")
     writer = GGUFWriter(str(part), shape.arch)
     _write_header(writer, shape, seed)
-    if q4_k_m:
-        writer.add_file_type(LlamaFileType.MOSTLY_Q4_K_M)
+    if preset:
+        writer.add_file_type(QUANTS[shape.quant])
     for t in tensors:
         writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
     try:
@@ -67,16 +66,6 @@ def write_synthetic_gguf(
         part.unlink(missing_ok=True)
         raise
     return path
-
-
-def check_free_space(folder: Path, needed: int, what: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(folder).free
-    if free < needed:
-        raise OndeviceError(
-            f"not enough disk space in {folder} for the synthetic {what}: {format_bytes(needed)} needed, "
-            f"{format_bytes(free)} free; free some space or set ONDEVICE_HOME to another disk."
-        )
 
 
 def tensor_chunks(shape: ModelShape, t: TensorSpec, seed: int, index: int):
