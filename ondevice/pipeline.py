@@ -150,7 +150,7 @@ class Pipeline:
         return self.stream_tokens(ids, **kwargs)
 
 
-def _pick_backend(name: str) -> str:
+def pick_backend(name: str) -> str:
     if name != "auto":
         return name
     import torch
@@ -200,7 +200,7 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
 
         check_same_vocab(tokenizer, Tokenizer(models.drafter))
         drafter = LlamaDrafter(models.drafter, n_ctx=opts.n_ctx, threads=threads, vocab_trim=opts.vocab_trim, target_vocab=tokenizer.n_vocab)
-    backend = _pick_backend(opts.target_backend)
+    backend = pick_backend(opts.target_backend)
     target = _load_target(backend, models.target, opts, threads)
     backends = _profile_backends(models, backend, threads, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU both would fight for the cores
@@ -237,7 +237,7 @@ def load_model_file(path, role: str, opts: LoadOptions):
         from ondevice.draft.llama_drafter import LlamaDrafter
 
         return backend_label("llama", threads), LlamaDrafter(path, n_ctx=opts.n_ctx, threads=threads)
-    backend = _pick_backend(opts.target_backend)
+    backend = pick_backend(opts.target_backend)
     return backend_label(backend, threads), _load_target(backend, path, opts, threads)
 
 
@@ -261,7 +261,7 @@ def load_backends(opts: LoadOptions):
     if models.drafter is None:
         raise OndeviceError("`ondevice profile` measures a target and its drafter: pass --drafter FILE.")
     threads = opts.threads or default_threads()
-    backend = _pick_backend(opts.target_backend)
+    backend = pick_backend(opts.target_backend)
 
     def make_decode_batch():
         from ondevice.draft.llama_drafter import LlamaDrafter

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import math
-import string
 from pathlib import Path
 
 import numpy as np
+
+from ondevice.synthetic.vocab import LETTER_PAIRS, synthetic_vocab
 
 DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 LLAMA3_ROPE = {
@@ -33,29 +34,12 @@ LLAMA3_ROPE = {
 # --- tokenizer -------------------------------------------------------------------------------------
 
 
-def byte_tokens() -> list[str]:
-    """The 256 byte tokens, token id = byte value, spelled with GPT-2's bytes_to_unicode table."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    spelling, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            spelling[b] = chr(b)
-        else:
-            spelling[b] = chr(256 + extra)
-            extra += 1
-    return [spelling[b] for b in range(256)]
-
-
 def tiny_vocab(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
-    """(tokens, token types, merges) of a byte-level BPE vocab; the last id is <|endoftext|>."""
-    n_merges = vocab_size - 257
-    pairs = [a + b for a in string.ascii_lowercase for b in string.ascii_lowercase]
-    if not 0 < n_merges <= len(pairs):
-        raise ValueError(f"vocab_size must be in 258..{257 + len(pairs)}")
-    merges = [f"{p[0]} {p[1]}" for p in pairs[:n_merges]]
-    tokens = byte_tokens() + pairs[:n_merges] + ["<|endoftext|>"]
-    types = [1] * (vocab_size - 1) + [3]  # NORMAL ... CONTROL
-    return tokens, types, merges
+    """(tokens, token types, merges) of a byte-level BPE vocab; the last id is <|endoftext|>.
+    The synthetic models' vocabulary (256 byte tokens, letter-pair merges), kept to one merge per id."""
+    if not 258 <= vocab_size <= 257 + len(LETTER_PAIRS):
+        raise ValueError(f"vocab_size must be in 258..{257 + len(LETTER_PAIRS)}")
+    return synthetic_vocab(vocab_size)
 
 
 # --- weights ---------------------------------------------------------------------------------------

@@ -13,10 +13,12 @@ from rich.table import Table
 
 from ondevice.eval import prompts as prompt_sets
 from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, run_config
+from ondevice.eval.measured import record_bench
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec
 from ondevice.errors import OndeviceError
 from ondevice.pipeline import LoadOptions
+from ondevice.plan.hardware import machine_facts
 from ondevice.verify import Sampling
 
 
@@ -59,6 +61,7 @@ def save_report(out: str | None, pipe, results: list[BenchResult], max_tokens: i
               "results": [r.to_dict() for r in results], "sweep": sweep_verdict(results)}
     if out:
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    record_bench(machine_facts().fingerprint(), pipe.pair.name, pipe.backends.backend, results)  # beside `models --predict`
     return report
 
 

@@ -61,8 +61,22 @@ def download(
     typer.echo(f"drafter  {paths['drafter']}")
 
 
-def models() -> None:
-    """List the model pairs in the catalog and whether their files are downloaded."""
+PredictOption = Annotated[
+    bool,
+    typer.Option("--predict", help="Predicted tok/s of each pair on this machine, alone and with speculation, from synthetic "
+                 "curves (`ondevice bench --synthetic PAIR`); beside what `ondevice bench` measured on pairs used here."),
+]
+
+
+def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
+    """List the model pairs in the catalog and whether their files are downloaded (--predict: how fast each would run here)."""
+    if predict:
+        from ondevice.cli.forecast_view import show_forecasts
+
+        show_forecasts(list_pairs(), as_json=as_json)
+        return
+    if as_json:
+        raise OndeviceError("--json goes with --predict (the plain listing is a table).")
     table = Table(title="model pairs (* = default)", box=box.SIMPLE)
     table.add_column("name", no_wrap=True)
     table.add_column("role", no_wrap=True)

@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ondevice.catalog import hub
+from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
 from ondevice.pipeline import LoadOptions, load_backends
 from ondevice.plan.auto import AutoPlanner
@@ -28,9 +30,24 @@ console = Console(highlight=False)
 
 @opt.load_options
 def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOptions) -> None:
-    """Show this machine's facts, bandwidths and latency curves, and the draft plan they imply."""
+    """Show this machine's facts, bandwidths and latency curves, and the draft plan they imply.
+
+    For a catalog pair that is not downloaded: its predicted speed here instead (`ondevice models
+    --predict`), from synthetic curves; nothing is downloaded."""
+    if load.target is None and load.drafter is None and not _downloaded(load_pair(load.pair)):
+        from ondevice.cli.forecast_view import show_forecasts
+
+        show_forecasts([load_pair(load.pair)], as_json, console, load.threads, load.target_backend)
+        if not as_json:
+            console.print(f"[dim]{load_pair(load.pair).name} is not downloaded: this is a prediction. "
+                          f"`ondevice download {load_pair(load.pair).name}` and run again to profile the real files.[/]")  # fmt: skip
+        return
     backends = load_backends(load)  # the pipeline chooses the backends (one place)
     show_profile(backends, as_json=as_json, refresh=refresh)
+
+
+def _downloaded(pair) -> bool:
+    return hub.is_downloaded(pair.target) and hub.is_downloaded(pair.drafter)
 
 
 def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool = False, out: Console = console) -> Profile:

@@ -1,0 +1,89 @@
+"""`ondevice models --predict` (and `ondevice profile` on a pair not downloaded): predicted speed
+of each catalog pair on this machine, beside what `ondevice bench` measured where it has run."""
+
+from __future__ import annotations
+
+import json
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ondevice.catalog.pairs import ModelPair
+from ondevice.plan.acceptance import MEASURED_PRIOR
+from ondevice.plan.forecast import Forecast, forecast, plan_config
+
+
+def show_forecasts(
+    pairs: list[ModelPair], as_json: bool = False, out: Console | None = None, threads: int | None = None, target_backend: str = "auto"
+) -> list[Forecast]:
+    out = out or Console(highlight=False)
+    forecasts = [forecast(pair, threads, target_backend) for pair in pairs]
+    if as_json:
+        out.file.write(json.dumps([forecast_record(f) for f in forecasts]) + "\n")
+        return forecasts
+    out.print(forecast_table(forecasts))
+    for line in footnotes(forecasts):
+        out.print(line)
+    return forecasts
+
+
+def forecast_table(forecasts: list[Forecast]) -> Table:
+    backend = forecasts[0].backend if forecasts else ""
+    table = Table(title=f"predicted speed on this machine ({backend}; predicted · measured by `ondevice bench`)", box=box.SIMPLE)
+    table.add_column("pair", no_wrap=True)
+    for col, justify in (("target lives", "left"), ("alone tok/s", "right"), ("with speculation", "left"),
+                         ("tok/s", "right"), ("top-1", "right")):  # fmt: skip
+        table.add_column(col, justify=justify, overflow="fold")
+    for f in forecasts:
+        acceptance = f"{f.top1:.2f} {f.acceptance}"
+        if f.target is None or f.drafter is None:
+            table.add_row(f.pair, "?", "not measured", "", "", acceptance)
+            continue
+        spec = f.speculative
+        plan = f"{plan_config(spec)}, {spec.predicted_tokens_per_pass:.1f} tok/pass" if spec and spec.budget else "no tree fits"
+        if f.planner and f.planner.budget == 0:
+            plan += " (auto: target alone)"
+        measured_spec = f.measured_speculative()
+        spec_text = _pair_of(spec.predicted_tokens_per_second if spec and spec.budget else None, measured_spec[1] if measured_spec else None)
+        if measured_spec and spec and measured_spec[0] != plan_config(spec):
+            spec_text += f" ({measured_spec[0]})"
+        table.add_row(f.pair, f.target.placement, _pair_of(f.alone, f.measured_tps("target only")), plan, spec_text, acceptance)
+    return table
+
+
+def _pair_of(predicted: float | None, measured: float | None) -> str:
+    text = "—" if predicted is None else f"{predicted:.1f}"
+    return text + (f" · {measured:.1f}" if measured is not None else "")
+
+
+def footnotes(forecasts: list[Forecast]) -> list[str]:
+    lines = []
+    missing: dict[str, list[str]] = {}  # one synthetic run measures every pair with the same shapes
+    for f in forecasts:
+        if f.to_measure:
+            missing.setdefault(f.shapes, []).append(f.pair)
+    if missing:
+        lines.append("not measured on this machine yet; one synthetic run each (random weights, nothing downloaded):")
+        lines += [f"  ondevice bench --synthetic {pairs[0]}" + (f"   (also {', '.join(pairs[1:])})" if pairs[1:] else "") for pairs in missing.values()]
+    kinds = {f.acceptance for f in forecasts}
+    if "prior" in kinds or "assumed" in kinds:
+        lines.append(f"top-1: how often the drafter's first choice is the target's. prior: {MEASURED_PRIOR['qwen2.5']}; "
+                     "assumed: the same numbers for a family not measured yet; measured: this pair's own verifications here.")  # fmt: skip
+    lines.append("[dim]predicted · measured: curves of synthetic twins (`ondevice bench --synthetic`) and the cost model of "
+                 "`--tree auto`; measured numbers appear once `ondevice bench -m PAIR` has run the real pair.[/]")  # fmt: skip
+    return lines
+
+
+def forecast_record(f: Forecast) -> dict:
+    spec, planner = f.speculative, f.planner
+    return {
+        "pair": f.pair, "target_shape": f.target_shape, "backend": f.backend, "acceptance": f.acceptance,
+        "target_lives": f.target.placement if f.target else None, "to_measure": f.to_measure,
+        "predicted_alone_tokens_per_second": f.alone,
+        "predicted_speculative": None if spec is None else {"config": plan_config(spec), "depth": spec.depth,
+                                                            "tokens_per_pass": spec.predicted_tokens_per_pass,
+                                                            "tokens_per_second": spec.predicted_tokens_per_second},
+        "planner_choice": None if planner is None else ("target only" if planner.budget == 0 else plan_config(planner)),
+        "measured": f.measured,
+    }  # fmt: skip

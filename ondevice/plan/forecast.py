@@ -1,0 +1,89 @@
+"""A catalog pair's speed on this machine, predicted before it is downloaded.
+
+A pass's cost depends on shapes, quantization and placement, not on trained weights, so the curves
+of random-weight twins (`ondevice bench --synthetic PAIR`, measured once per shape and cached,
+`ondevice.synthetic.cache`) stand in for the real ones. With the acceptance of the pair (learned
+from its own verifications here, else its family's prior, named as such) the planner's own cost
+model gives the speed:
+
+    target alone       1 / t_target(1)
+    with speculation   the best draft plan `cost_model.choose_plan` finds (used by --tree auto only
+                       when it beats the target alone; else the planner falls back, and says so)
+
+A curve that has not been measured yet is reported with the command that measures it; no number
+is made up. What `ondevice bench` measured on the real pair is shown beside the prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ondevice import pipeline
+from ondevice.catalog.pairs import ModelPair
+from ondevice.eval.measured import load_measured
+from ondevice.plan.acceptance import acceptance_for
+from ondevice.plan.cost_model import Plan, choose_plan
+from ondevice.plan.hardware import Curves, default_threads, machine_facts
+from ondevice.synthetic.cache import SyntheticMeasurement, load_measurement
+from ondevice.synthetic.shapes import find_shape
+
+
+@dataclass
+class Forecast:
+    pair: str
+    target_shape: str
+    backend: str  # the target backend a plain `ondevice chat` would use here, e.g. "llama-cpu-t2"
+    acceptance: str  # where p[k] comes from: "measured", "prior" (the family's) or "assumed" (another family's)
+    top1: float = 0.0  # p[0]: how often the drafter's first choice is the target's
+    target: SyntheticMeasurement | None = None  # None: not measured on this machine yet
+    drafter: SyntheticMeasurement | None = None
+    alone: float | None = None  # predicted tok/s, target alone
+    speculative: Plan | None = None  # the fastest draft plan the cost model finds
+    planner: Plan | None = None  # what --tree auto would run (target-only when drafting does not pay)
+    measured: dict = field(default_factory=dict)  # config → what `ondevice bench` measured on the real pair
+
+    shapes: str = ""  # "target shape + drafter shape": pairs alike share their measurements
+
+    @property
+    def to_measure(self) -> str | None:
+        """The command that measures what is missing, or None when nothing is."""
+        return None if self.target and self.drafter else f"ondevice bench --synthetic {self.pair}"
+
+    def measured_tps(self, config: str) -> float | None:
+        row = self.measured.get(config)
+        return row["tokens_per_second"] if row else None
+
+    def measured_speculative(self) -> tuple[str, float] | None:
+        """The predicted plan's configuration as measured, else the fastest measured draft configuration."""
+        config = plan_config(self.speculative) if self.speculative else None
+        if config and self.measured_tps(config):
+            return config, self.measured_tps(config)
+        rows = [(c, r["tokens_per_second"]) for c, r in self.measured.items() if r.get("budget")]
+        return max(rows, key=lambda row: row[1], default=None)
+
+
+def plan_config(plan: Plan) -> str:
+    """The plan as `ondevice bench` names a configuration: "best-first @16"."""
+    return f"{plan.builder} @{plan.budget}"
+
+
+def forecast(pair: ModelPair, threads: int | None = None, target_backend: str = "auto") -> Forecast:
+    threads = threads or default_threads()
+    backend = pipeline.backend_label(pipeline.pick_backend(target_backend), threads)
+    fingerprint = machine_facts().fingerprint()
+    target_shape = pair.target.shape or "?"
+    family = find_shape(pair.target.shape).family if pair.target.shape else ""
+    p_rank, source = acceptance_for(pair.name, family)
+    result = Forecast(pair.name, target_shape, backend, source, float(p_rank[0]), measured=load_measured(fingerprint, pair.name, backend),
+                      shapes=f"{pair.target.shape} + {pair.drafter.shape}")
+    if pair.target.shape and pair.drafter.shape:
+        result.target = load_measurement(fingerprint, pair.target.shape, "target", backend)
+        result.drafter = load_measurement(fingerprint, pair.drafter.shape, "drafter", pipeline.backend_label("llama", threads))
+    if result.target is None or result.drafter is None:
+        return result
+    curves = Curves(result.target.curve, result.drafter.curve)
+    overlap = "cuda" in backend  # drafting overlaps verification when the target is on a GPU (pipeline's rule)
+    result.planner = choose_plan(curves, p_rank, overlap)
+    result.speculative = choose_plan(curves, p_rank, overlap, min_speedup=0.0)
+    result.alone = result.planner.target_only_tokens_per_second
+    return result

@@ -1,0 +1,81 @@
+"""Predicted speed before download: from cached synthetic curves through the planner's cost model,
+nothing invented when a curve is missing, and what `ondevice bench` measured shown beside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ondevice.catalog.pairs import list_pairs, load_pair
+from ondevice.eval.bench import BenchResult
+from ondevice.eval.measured import record_bench
+from ondevice.plan.forecast import forecast, plan_config
+from ondevice.plan.hardware import LatencyCurve, default_threads, machine_facts
+from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def cache_curve(shape: str, role: str, backend: str, seconds) -> None:
+    ns = tuple(1 << i for i in range(len(seconds)))
+    save_measurement(machine_facts().fingerprint(), SyntheticMeasurement(
+        shape, role, backend, "", "all layers on CPU (llama.cpp)", LatencyCurve(ns, tuple(seconds)), Traffic(1, "RAM", "RAM copy", 1.0), 1, 0))  # fmt: skip
+
+
+def test_nothing_is_predicted_before_the_curves_are_measured(home):
+    f = forecast(load_pair("qwen2.5-72b"), target_backend="llama")
+    assert f.alone is None and f.speculative is None and f.target is None
+    assert f.to_measure == "ondevice bench --synthetic qwen2.5-72b"
+
+
+def test_flat_target_curve_predicts_speculation_above_the_target_alone(home):
+    """A target whose pass costs 100 ms at 1 to 64 tokens (an offloaded one) and a 5 ms drafter:
+    alone is exactly 10 tok/s; a draft tree emits several tokens per pass for little more time."""
+    backend = f"llama-cpu-t{default_threads()}"
+    cache_curve("qwen2.5-72b", "target", backend, [0.1] * 7)
+    cache_curve("qwen2.5-0.5b", "drafter", backend, [0.005] * 8)
+    f = forecast(load_pair("qwen2.5-72b"), target_backend="llama")
+    assert f.alone == pytest.approx(10.0)
+    assert f.speculative.predicted_tokens_per_pass > 3 and f.speculative.predicted_tokens_per_second > 2 * f.alone
+    assert f.planner == f.speculative  # worth it: --tree auto would draft
+
+
+def test_bench_measurements_are_shown_beside_the_prediction(home):
+    backend = f"llama-cpu-t{default_threads()}"
+    cache_curve("qwen2.5-coder-1.5b", "target", backend, [0.05, 0.09, 0.16, 0.3])
+    cache_curve("qwen2.5-0.5b", "drafter", backend, [0.03, 0.05, 0.08])
+    alone = BenchResult("target only", "none", 0, prompts=1, tokens=40, target_passes=40, decode_seconds=2.0)
+    chain = BenchResult("chain @4", "chain", 4, prompts=1, tokens=40, target_passes=12, decode_seconds=2.5)
+    record_bench(machine_facts().fingerprint(), "qwen2.5-coder-1.5b", backend, [alone, chain])
+    f = forecast(load_pair("qwen2.5-coder-1.5b"), target_backend="llama")
+    assert f.measured_tps("target only") == pytest.approx(20.0)
+    config, tps = f.measured_speculative()
+    assert tps == pytest.approx(16.0) and (config == plan_config(f.speculative) or config == "chain @4")
+
+
+def ondevice(home, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ONDEVICE_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "ondevice", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_models_predict_lists_every_pair_as_json(home):
+    result = ondevice(home, "models", "--predict", "--json")
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)
+    assert [r["pair"] for r in records] == [p.name for p in list_pairs()]
+    assert all(r["to_measure"].startswith("ondevice bench --synthetic ") for r in records)
+
+
+def test_profile_of_a_pair_not_downloaded_predicts_and_downloads_nothing(home):
+    result = ondevice(home, "profile", "-m", "qwen3-32b", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)[0]["pair"] == "qwen3-32b"
+    assert not (home / "models").exists()
