@@ -4,7 +4,6 @@ were priced at; `ondevice profile` shows the plan a chat starts with; `close()` 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import threading
@@ -94,6 +93,18 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
     assert shown == plan_as_dict(chat_plan) and shown["builder"] == "lookup"
     bare = choose_plan(steep, autoplan.AcceptanceTracker.load("tiny").p_rank, False)
     assert bare.builder == "target-only"  # what profile showed before it asked the planner
+
+
+def test_a_stopped_answer_leaves_the_cache_holding_what_was_shown(tiny_home):
+    """Stopping an answer between records (Ctrl-C in chat) leaves the target's cache holding the prompt
+    and the shown tokens (all but the last, which becomes the next pass's root): nothing unseen."""
+    with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=512) as pipe:
+        ids = pipe.encode_chat(MESSAGES)
+        stream = pipe.stream_tokens(ids, max_tokens=200, spec=DraftSpec("chain", 3))
+        shown = [t for _, record in zip(range(3), stream) for t in record.token_ids]
+        stream.close()
+        assert len(shown) > 3 and pipe.engine.cached == ids + shown[:-1]
+        assert pipe.engine.target.n_cached == len(pipe.engine.cached)
 
 
 # --- closing ---------------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
 """`ondevice chat`: an interactive terminal chat that streams tokens and keeps the conversation.
 
 Slash commands (ollama-style): /help, /set KEY VALUE, /show, /clear, /bye; wrap multi-line input
-in triple quotes (\"\"\").
+in triple quotes (\"\"\"). Keys as in ollama: Ctrl-C during an answer stops it after the current
+target pass and returns to the prompt; the stopped answer is left out of the conversation (ollama
+keeps the question and drops the partial reply; a second Ctrl-C quits). Ctrl-C or Ctrl-D at the
+prompt ends the chat. When the conversation no longer fits the context, its oldest turns are
+dropped, with a one-line notice.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import typer
 
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec, stats_line
+from ondevice.cli.terminal import LineReader, ctrl_c_stops_the_answer
 from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
 from ondevice.pipeline import LoadOptions
@@ -25,20 +30,25 @@ HELP = """commands:
   \"\"\"       start/end multi-line input"""
 
 
-def read_message() -> str | None:
-    """One user message from stdin; None at end of input."""
+def read_message(keyboard: LineReader) -> str | None:
+    """One user message from stdin; None at end of input (Ctrl-D) or on Ctrl-C: the chat ends.
+    Ctrl-C inside a multi-line message drops that message ("")."""
     try:
-        line = input(">>> ")
-    except EOFError:
+        line = keyboard.read(">>> ")
+    except (EOFError, KeyboardInterrupt):
+        print()  # the shell's prompt starts on a new line
         return None
     if not line.strip().startswith('"""'):
         return line
     lines = [line.strip()[3:]]
     while not lines[-1].rstrip().endswith('"""'):
         try:
-            lines.append(input("... "))
+            lines.append(keyboard.read("... "))
         except EOFError:
             break
+        except KeyboardInterrupt:
+            print()
+            return ""
     lines[-1] = lines[-1].rstrip().removesuffix('"""')
     return "\n".join(lines).strip()
 
@@ -84,11 +94,17 @@ def chat(
                     think=think)
     no_draft = not load.draft
     make_spec(tree, budget, no_draft, Sampling(temperature, top_p, top_k, seed))  # bad options fail before loading
-    pipe = load_pipeline(load)
-    err.print(f"[dim]{pipe.pair.description} · target on {pipe.target_backend} {pipe.placement} · /help for commands, /bye to exit[/]")
+    with load_pipeline(load) as pipe:
+        err.print(f"[dim]{pipe.pair.description} · target on {pipe.target_backend} {pipe.placement} · /help for commands, /bye to exit[/]")
+        converse(pipe, settings, no_draft)
+
+
+def converse(pipe, settings: dict, no_draft: bool) -> None:
+    """The read → answer loop, until /bye, Ctrl-D or Ctrl-C at the prompt."""
     history: list[dict[str, str]] = []
+    keyboard = LineReader()
     while True:
-        message = read_message()
+        message = read_message(keyboard)
         if message is None or message.strip() in ("/bye", "/exit", "/quit"):
             break
         if not message.strip():
@@ -99,7 +115,8 @@ def chat(
                 continue
             history.append({"role": "user", "content": message})
             answer = answer_once(pipe, history, settings, no_draft)
-            history.append({"role": "assistant", "content": answer})
+            if answer is not None:  # None: stopped with Ctrl-C, the question stays (as in ollama)
+                history.append({"role": "assistant", "content": answer})
         except OndeviceError as e:
             err.print(f"[red]error:[/] {e}")
             if history and history[-1]["role"] == "user":
@@ -122,18 +139,33 @@ def handle_command(message: str, settings: dict, history: list, pipe) -> None:
         raise OndeviceError(f"unknown command {cmd}; /help lists them.")
 
 
-def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: bool) -> str:
+def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: bool) -> str | None:
+    """Stream the answer to the conversation; its text, or None if Ctrl-C stopped it."""
     sampling = Sampling(settings["temperature"], settings["top_p"], settings["top_k"], settings["seed"])
     spec = make_spec(settings["tree"], settings["budget"], no_draft, sampling)
-    messages = ([{"role": "system", "content": settings["system"]}] if settings["system"] else []) + history
-    ids = pipe.encode_chat(messages, think=settings["think"])
+    system = [{"role": "system", "content": settings["system"]}] if settings["system"] else []
+    n_ctx = pipe.engine.target.n_ctx
+    reserve = min(settings["max_tokens"], n_ctx // 2)
+    ids, dropped = fit_history(pipe, system, history, reserve, think=settings["think"])
+    if dropped:
+        err.print(f"[dim]the conversation no longer fits the context ({n_ctx} tokens): dropped its oldest {dropped} messages[/]")
     parts, stats, splitter = [], None, ThinkSplitter()
-    for rec in pipe.stream_tokens(ids, max_tokens=settings["max_tokens"], sampling=sampling, spec=spec):
-        show(splitter.push(rec.text))
-        parts.append(rec.text)
-        stats = rec.stats or stats
+    with ctrl_c_stops_the_answer() as stop:
+        stream = pipe.stream_tokens(ids, max_tokens=settings["max_tokens"], sampling=sampling, spec=spec)
+        try:
+            for rec in stream:
+                show(splitter.push(rec.text))
+                parts.append(rec.text)
+                stats = rec.stats or stats
+                if stop.is_set():
+                    break
+        finally:
+            stream.close()  # the engine stops at a pass boundary: its cache holds the tokens shown
     show(splitter.flush())
     print()
+    if stats is None:
+        err.print("[dim]stopped; this answer is left out of the conversation[/]")
+        return None
     err.print(f"[dim]{stats_line(stats, pipe.plan)}[/]")
     return "".join(parts)
 
@@ -146,3 +178,18 @@ def show(runs: list[tuple[str, bool]]) -> None:
         else:
             sys.stdout.write(text)
         sys.stdout.flush()
+
+
+def fit_history(pipe, system: list[dict], history: list[dict], reserve: int, think: bool | None = None) -> tuple[list[int], int]:
+    """The prompt for system + history, leaving `reserve` tokens of the context for the answer: the
+    oldest turns (a user message and the replies after it) are removed from `history` until it fits.
+    Returns (prompt ids, messages removed). The latest message always stays; if it alone is too
+    long, the engine says so."""
+    n_ctx, removed = pipe.engine.target.n_ctx, 0
+    while True:
+        ids = pipe.encode_chat(system + history, think=think)
+        later_turns = [i for i, m in enumerate(history) if m["role"] == "user" and i > 0]
+        if len(ids) + reserve <= n_ctx or not later_turns:
+            return ids, removed
+        del history[: later_turns[0]]
+        removed += later_turns[0]
