@@ -9,7 +9,8 @@ import pytest
 from scipy.special import log_softmax
 
 from ondevice.draft.builders import Round, build_best_first, build_chain, build_multi_seq
-from ondevice.draft.llama_drafter import LlamaDrafter, check_spec
+from ondevice.draft.llama_drafter import LlamaDrafter
+from ondevice.draft.model_drafter import check_spec
 from ondevice.errors import OndeviceError
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ondevice.cli.run_cmd import make_spec
-from ondevice.draft.llama_drafter import check_spec
+from ondevice.draft.model_drafter import check_spec
 from ondevice.draft.lookup import PromptLookupDrafter, find_matches
 from ondevice.draft.router import DraftRouter
 from ondevice.engine import SpecEngine, Step

@@ -176,7 +176,7 @@ def gguf_tensors(config: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
 def write_tiny_gguf(
     path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0,
     noise: float = 0.0, pad_to: int | None = None, split_max_tensors: int = 0, chat_template: str | None = None,
-    specials: tuple[str, ...] = (),
+    specials: tuple[str, ...] = (), quantize=None,
 ) -> Path:
     """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path.
     head_scale, noise: see `tiny_hf_tensors`. pad_to: the model has this many token ids, the ones past
@@ -184,7 +184,9 @@ def write_tiny_gguf(
     split_max_tensors: write a split set of parts with at most this many tensors each (gguf-py's
     writer, llama.cpp's naming: path's stem + -00001-of-0000N.gguf); returns the first part.
     chat_template: stored as tokenizer.chat_template. specials: control tokens appended after
-    <|endoftext|> (ids vocab, vocab+1, …); the first is then BOS and the last EOS."""
+    <|endoftext|> (ids vocab, vocab+1, …); the first is then BOS and the last EOS.
+    quantize(gguf name, w) -> (blocks uint8, GGML type)
+    or None: a 2-D weight stored quantized instead (see tests/tiny_quant.py)."""
     import gguf
 
     config = tiny_config(arch, pad_to or vocab + len(specials))
@@ -218,6 +220,10 @@ def write_tiny_gguf(
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     for name, w in gguf_tensors(config, tiny_hf_tensors(config, seed, head_scale, noise)).items():
+        quantized = quantize(name, w) if quantize is not None and w.ndim == 2 else None
+        if quantized is not None:
+            writer.add_tensor(name, quantized[0], raw_dtype=quantized[1])
+            continue
         writer.add_tensor(name, w.astype(np.float16) if dtype == "f16" and w.ndim == 2 else w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

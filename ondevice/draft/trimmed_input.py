@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LlamaContext
+from ondevice.quant.embedding_rows import EmbeddingRows
 from ondevice.quant.vocab_trim import TrimmedVocab, find_trimmed, trimmed_paths
 
 
@@ -46,9 +46,8 @@ class TrimmedHead:
         self.n_vocab = record.k  # the trimmed (draft) vocabulary
         self.n_vocab_full = record.n_vocab  # the target's vocabulary
         self.n_embd = record.n_embd
-        self._embd_type = gguf.GGMLQuantizationType[record.embd_type]
-        self._embd_blocks = np.memmap(  # (n_vocab_full, row bytes) quantized rows of the full drafter
-            drafter, dtype=np.uint8, mode="r", offset=record.embd_offset, shape=(record.embd_rows, record.embd_row_bytes)
+        self._embedding = EmbeddingRows(  # the full drafter's token_embd rows, read as asked
+            str(drafter), record.embd_offset, record.embd_type, record.embd_rows, record.embd_row_bytes, record.n_embd
         )
 
     @classmethod
@@ -58,13 +57,7 @@ class TrimmedHead:
 
     def embed(self, token_ids) -> np.ndarray:
         """(n, n_embd) float32 input embeddings of target token ids (the full drafter's token_embd rows)."""
-        token_ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-        if len(token_ids) == 0:
-            return np.zeros((0, self.n_embd), dtype=np.float32)
-        if token_ids.min() < 0 or token_ids.max() >= self.n_vocab_full:
-            raise ValueError(f"token ids must lie in [0, {self.n_vocab_full})")
-        rows = gguf.quants.dequantize(self._embd_blocks[token_ids], self._embd_type)
-        return np.ascontiguousarray(rows, dtype=np.float32).reshape(len(token_ids), self.n_embd)
+        return self._embedding(token_ids)
 
     def to_target_ids(self, draft_ids) -> np.ndarray:
         """Draft indices (anything integer-shaped) → target token ids, same shape."""
@@ -74,6 +67,12 @@ class TrimmedHead:
         """(..., K) draft probabilities → (..., n_vocab_full), zero outside keep_ids."""
         full = np.zeros(probs.shape[:-1] + (self.n_vocab_full,), dtype=probs.dtype)
         full[..., self.keep_ids] = probs
+        return full
+
+    def to_target_logits(self, logits: np.ndarray) -> np.ndarray:
+        """(n, K) draft logits → (n, n_vocab_full), −inf outside keep_ids (probability 0 there)."""
+        full = np.full((len(logits), self.n_vocab_full), -np.inf, dtype=np.float32)
+        full[:, self.keep_ids] = logits
         return full
 
 

@@ -40,24 +40,73 @@ def _bits(raw: torch.Tensor) -> torch.Tensor:
     return ((raw.unsqueeze(-1) >> shifts) & 1).reshape(raw.shape[0], -1)
 
 
+# --- integer parts: the codes and their scales, before any float arithmetic -------------------------
+# Used to dequantize (below) and to hand the codes to integer kernels unchanged (onnx/nbits.py).
+# Symmetric types give (q centred on 0 as int8, d); affine K-quants give (q unsigned, scale, offset).
+
+
+def q8_0_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 (n, 32), d (n, 1)): w = d·q."""
+    return blocks[:, 2:].contiguous().view(torch.int8), _f16(blocks[:, :2])
+
+
+def q4_0_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 (n, 32) in [-8, 7], d (n, 1)): w = d·q."""
+    return _nibbles(blocks[:, 2:], 16).reshape(blocks.shape[0], 32).to(torch.int8) - 8, _f16(blocks[:, :2])
+
+
+def q5_0_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 (n, 32) in [-16, 15], d (n, 1)): w = d·q."""
+    n = blocks.shape[0]
+    qh = _bits(blocks[:, 2:6])  # (n, 32): the 5th bit of every weight
+    ql = _nibbles(blocks[:, 6:], 16).reshape(n, 32)
+    return (ql | (qh << 4)).to(torch.int8) - 16, _f16(blocks[:, :2])
+
+
+def q4_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q uint8 (n, 8, 32) in [0, 15], scale (n, 8, 1), offset (n, 8, 1)): w = scale·q − offset."""
+    scale, offset = _k_affine(blocks)
+    return _nibbles(blocks[:, 16:], 32).reshape(blocks.shape[0], -1, 32), scale, offset
+
+
+def q5_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q uint8 (n, 8, 32) in [0, 31], scale (n, 8, 1), offset (n, 8, 1)): w = scale·q − offset."""
+    n = blocks.shape[0]
+    scale, offset = _k_affine(blocks)
+    qh = blocks[:, 16:48].reshape(n, 1, 32)
+    shifts = torch.arange(8, dtype=torch.uint8, device=blocks.device).reshape(1, 8, 1)
+    qh = (qh >> shifts) & 1  # (n, 8, 32): bit j of byte i is the 5th bit of weight 32·j + i
+    ql = _nibbles(blocks[:, 48:], 32).reshape(n, -1, 32)
+    return ql | (qh << 4), scale, offset
+
+
+def q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 (n, 16, 16) in [-32, 31], d (n, 16, 1)): w = d·q, d = super-block d × int8 scale."""
+    n = blocks.shape[0]
+    ql, qh = blocks[:, :128], blocks[:, 128:192]
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)  # (n, 16)
+    d = (_f16(blocks[:, 208:210]) * scales).reshape(n, 16, 1)
+    low = _nibbles(ql, 64).reshape(n, -1, 32)  # (n, 8, 32)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=blocks.device).reshape(1, 1, 4, 1)
+    high = ((qh.reshape(n, -1, 1, 32) >> shifts) & 0x03).reshape(n, -1, 32)  # (n, 8, 32)
+    return ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, -1), d
+
+
+# --- dequantization: the same float32 operations, in the same order, as gguf.quants ---------------
+
+
 def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks[:, :2])  # (n, 1)
-    q = blocks[:, 2:].contiguous().view(torch.int8).to(torch.float32)  # (n, 32)
-    return q * d
+    q, d = q8_0_parts(blocks)
+    return q.to(torch.float32) * d
 
 
 def _q4_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks[:, :2])
-    q = _nibbles(blocks[:, 2:], 16).reshape(blocks.shape[0], 32).to(torch.int8) - 8
+    q, d = q4_0_parts(blocks)
     return d * q.to(torch.float32)
 
 
 def _q5_0(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    d = _f16(blocks[:, :2])
-    qh = _bits(blocks[:, 2:6])  # (n, 32): the 5th bit of every weight
-    ql = _nibbles(blocks[:, 6:], 16).reshape(n, 32)
-    q = (ql | (qh << 4)).to(torch.int8) - 16
+    q, d = q5_0_parts(blocks)
     return d * q.to(torch.float32)
 
 
@@ -81,34 +130,18 @@ def _k_affine(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    scale, offset = _k_affine(blocks)
-    q = _nibbles(blocks[:, 16:], 32).reshape(n, -1, 32).to(torch.float32)  # (n, 8, 32)
-    return (scale * q - offset).reshape(n, QK_K)
+    q, scale, offset = q4_k_parts(blocks)
+    return (scale * q.to(torch.float32) - offset).reshape(blocks.shape[0], QK_K)
 
 
 def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    scale, offset = _k_affine(blocks)
-    qh = blocks[:, 16:48].reshape(n, 1, 32)
-    shifts = torch.arange(8, dtype=torch.uint8, device=blocks.device).reshape(1, 8, 1)
-    qh = (qh >> shifts) & 1  # (n, 8, 32): bit j of byte i is the 5th bit of weight 32·j + i
-    ql = _nibbles(blocks[:, 48:], 32).reshape(n, -1, 32)
-    q = (ql | (qh << 4)).to(torch.float32)
-    return (scale * q - offset).reshape(n, QK_K)
+    q, scale, offset = q5_k_parts(blocks)
+    return (scale * q.to(torch.float32) - offset).reshape(blocks.shape[0], QK_K)
 
 
 def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    ql, qh = blocks[:, :128], blocks[:, 128:192]
-    scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)  # (n, 16)
-    d = (_f16(blocks[:, 208:210]) * scales).reshape(n, 16, 1)
-    low = _nibbles(ql, 64).reshape(n, -1, 32)  # (n, 8, 32)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=blocks.device).reshape(1, 1, 4, 1)
-    high = ((qh.reshape(n, -1, 1, 32) >> shifts) & 0x03).reshape(n, -1, 32)  # (n, 8, 32)
-    q = (low | (high << 4)).to(torch.int8) - 32
-    q = q.reshape(n, 16, -1).to(torch.float32)  # (n, 16, 16)
-    return (d * q).reshape(n, QK_K)
+    q, d = q6_k_parts(blocks)
+    return (d * q.to(torch.float32)).reshape(blocks.shape[0], QK_K)
 
 
 _BLOCK_DEQUANT = {

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from ondevice.errors import OndeviceError
 from ondevice.target import weights
 from ondevice.target.torch_model import ModelArgs, Transformer
+from ondevice.target.slots import check_room, is_root_path
 from ondevice.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class TorchTarget:
 
     @torch.inference_mode()
     def prefill(self, tokens: Sequence[int]) -> None:
-        self._check_room(len(tokens))
+        check_room(self._n_cached, len(tokens), self.n_ctx)
         for i in range(0, len(tokens), PREFILL_CHUNK):
             chunk = torch.as_tensor(tokens[i : i + PREFILL_CHUNK], dtype=torch.int64, device=self.device)
             start = self._n_cached
@@ -115,7 +115,7 @@ class TorchTarget:
     @torch.inference_mode()
     def forward_tree(self, tree: DraftTree) -> np.ndarray:
         n, start = len(tree), self._n_cached
-        self._check_room(n)
+        check_room(self._n_cached, n, self.n_ctx)
         tokens = torch.as_tensor(tree.tokens, device=self.device)[None]  # (1, n)
         positions = torch.as_tensor(start + tree.depths, device=self.device)[None]  # (1, n)
         tree_mask = torch.as_tensor(tree.ancestor_mask(), device=self.device)  # (n, n)
@@ -127,7 +127,7 @@ class TorchTarget:
     @torch.inference_mode()
     def commit(self, path: Sequence[int]) -> None:
         path = np.asarray(path, dtype=np.int64)
-        if not self._is_root_path(path):
+        if not is_root_path(self._tree_parents, path):
             raise ValueError(f"commit needs a root-first path of the last tree's nodes, got {path.tolist()}")
         src = torch.as_tensor(self._n_cached + path, device=self.device)
         self.model.move_kv(src, self._n_cached)
@@ -151,20 +151,6 @@ class TorchTarget:
         if self.streamer is not None:
             self.streamer.close()
             self.streamer = None
-
-    # --- helpers ------------------------------------------------------------------------------
-    def _is_root_path(self, path: np.ndarray) -> bool:
-        parents = self._tree_parents
-        if len(path) == 0 or path[0] != 0 or len(parents) == 0 or np.any(path >= len(parents)):
-            return False
-        return bool(np.all(parents[path[1:]] == path[:-1]))
-
-    def _check_room(self, n_new: int) -> None:
-        if self._n_cached + n_new > self.n_ctx:
-            raise OndeviceError(
-                f"{self._n_cached + n_new} tokens do not fit the context of {self.n_ctx}: "
-                "shorten the prompt or start with a larger n_ctx."
-            )
 
 
 def set_threads(threads: int | None) -> None:

@@ -1,0 +1,100 @@
+"""What every drafter *model* does the same way, whatever runs it (llama.cpp, ONNX Runtime).
+
+A backend supplies `cache`: its KV cache of the context plus the round's tree (`sync(context)` →
+the root's logits; `expand`, `free_capacity`, `release` as `builders.Expander`; `tokens`, what it
+holds of the context). `ModelDrafter.draft` then checks the spec, syncs, and grows the tree with
+the builder the spec names; `probe_batch` times one expansion call for the profile.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ondevice.draft.builders import BATCH_SPREAD, Round, build_best_first, build_chain, build_multi_seq
+from ondevice.draft.search_tree import SearchTree
+from ondevice.errors import OndeviceError
+from ondevice.protocols import MAX_BUDGET, MODEL_BUILDERS, DraftSpec
+from ondevice.tree import DraftTree
+
+
+def check_spec(spec: DraftSpec) -> None:
+    if spec.builder not in MODEL_BUILDERS:
+        raise OndeviceError(f"the drafter model builds {', '.join(MODEL_BUILDERS)} trees, not {spec.builder!r}.")
+    if not 1 <= spec.budget <= MAX_BUDGET:
+        raise OndeviceError(f"the draft budget must be 1 to {MAX_BUDGET} tokens, not {spec.budget}.")
+    if spec.max_depth is not None and spec.max_depth < 1:
+        raise OndeviceError(f"the draft depth must be at least 1, not {spec.max_depth}.")
+    if not spec.temperature >= 0:
+        raise OndeviceError(f"the temperature must be >= 0, not {spec.temperature}.")
+
+
+class ModelDrafter:
+    """The Drafter protocol over a backend's `cache`; subclasses set cache, n_ctx, n_vocab, max_batch
+    (and call `limit_vocab` when the target's vocabulary is shorter)."""
+
+    cache = None
+    expander = None  # the cache, or VocabLimit over it
+    n_ctx: int
+    n_vocab: int
+    max_batch: int
+    batch_spread: float = BATCH_SPREAD
+
+    def limit_vocab(self, target_vocab: int | None) -> None:
+        """target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
+        ids the target lacks are never drafted, and a context holding an id the drafter lacks gets no draft."""
+        limit = target_vocab if target_vocab is not None and target_vocab < self.n_vocab else None
+        self.expander = self.cache if limit is None else VocabLimit(self.cache, limit)
+
+    def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
+        check_spec(spec)
+        if not 0 < len(context) <= self.n_ctx:
+            raise OndeviceError(
+                f"the drafter holds 1 to {self.n_ctx} context tokens, got {len(context)}; "
+                "start a new chat or raise the context size."
+            )
+        if max(context) >= self.n_vocab:  # the target committed an id the drafter has no row for
+            return DraftTree.root_only(int(context[-1]))
+        root_logits = self.cache.sync(context)
+        if self.expander is not self.cache:
+            root_logits = self.expander.mask(root_logits)
+        r = Round(spec, int(context[-1]), self.expander, position=len(context))
+        root_logp = r.distributions([0], root_logits[None, :])[0]
+        if spec.builder == "chain":
+            return build_chain(r, root_logp)
+        if spec.builder == "multi-seq":
+            return build_multi_seq(r, root_logp)
+        return build_best_first(r, root_logp, self.max_batch, self.batch_spread)
+
+    def probe_batch(self, n: int) -> None:
+        """One expansion call of n draft nodes (siblings, each on its own branch), then undone. For profiling."""
+        stand_in = (np.arange(64 + n) * 7919 + 11) % self.n_vocab  # arbitrary valid token ids
+        if not self.cache.tokens:
+            self.cache.sync(stand_in[:64].tolist())  # a 64-token context
+        search = SearchTree(self.cache.tokens[-1])
+        nodes = search.add_children(0, stand_in[64:], np.zeros(n))
+        self.cache.expand(search, nodes)
+        self.cache.release(search, {0})
+
+
+class VocabLimit:
+    """A drafter's KV cache as an Expander whose logits are -inf from id `limit` on: a drafter
+    with a longer (padded) vocabulary than the target's never proposes an id the target lacks."""
+
+    def __init__(self, cache, limit: int):
+        self.cache, self.limit = cache, limit
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        logits = np.array(logits, dtype=np.float32, copy=True)
+        logits[..., self.limit :] = -np.inf
+        return logits
+
+    def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray:
+        return self.mask(self.cache.expand(tree, nodes))
+
+    def free_capacity(self) -> int:
+        return self.cache.free_capacity()
+
+    def release(self, tree: SearchTree, alive: set[int]) -> None:
+        self.cache.release(tree, alive)

@@ -1,0 +1,46 @@
+"""OnnxDrafter: the drafter model on ONNX Runtime (CPU), from the drafter GGUF's own weights.
+
+The same model as LlamaDrafter (`model_drafter.ModelDrafter` grows the trees), run by the exported
+decoder (`ondevice.onnx`): MatMulNBits reuses every weight block across the nodes of one expansion,
+so a batch of 16 costs a fraction of 16 single calls. With VocabTrim the head is the trimmed rows of
+the drafter's own LM head (an export of just those rows); inputs are always embeddings of target
+ids from the full token_embd, and outputs are full-width logits, −inf outside the kept ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ondevice.draft.model_drafter import ModelDrafter
+from ondevice.draft.onnx_cache import OnnxDraftKV
+from ondevice.draft.trimmed_input import TrimmedHead
+from ondevice.onnx.decoder import OnnxDecoder
+from ondevice.onnx.export import ACCURACY_INT8, ensure_export
+from ondevice.protocols import MAX_BUDGET
+
+
+class OnnxDrafter(ModelDrafter):
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = 4096,
+        threads: int | None = None,
+        max_batch: int = 64,
+        vocab_trim: bool = False,
+        target_vocab: int | None = None,
+        accuracy_level: int = ACCURACY_INT8,
+        show: bool = True,
+    ):
+        head = TrimmedHead.find(model_path) if vocab_trim else None
+        export = ensure_export(model_path, accuracy_level=accuracy_level, head_rows=head.keep_ids if head else None, show=show)
+        self.decoder = OnnxDecoder(export, slots=n_ctx + MAX_BUDGET + max_batch, threads=threads, trimmed=head is not None)
+        self.vocab_trimmed = head is not None
+        self.n_ctx = n_ctx
+        self.n_vocab = export.args.vocab_size
+        self.max_batch = max_batch
+        self.cache = OnnxDraftKV(self.decoder, head.to_target_logits if head else None)
+        self.limit_vocab(target_vocab)
+
+    def close(self) -> None:
+        self.decoder.close()
+

@@ -1,0 +1,219 @@
+"""Build the ONNX decoder of a GGUF once and cache it next to the file: `<model>.gguf.onnx/`.
+
+    ensure_export(gguf_path)                 → OnnxExport (body and full head), built on first use
+    ensure_export(gguf_path, head_rows=ids)  → also a head of only these rows (a VocabTrim drafter)
+
+Weights stream from the GGUF to disk one tensor at a time (a big head in row chunks): each is
+mapped to MatMulNBits inputs (`nbits.py`), appended to a `.data` file and dropped, so building
+needs about one tensor's worth of memory, not a copy of the model. The cache is keyed by the GGUF
+(name, size, mtime), this format's version and the onnxruntime version; a build happens under a
+file lock, into temporary names renamed at the end, so concurrent users never see half a model.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ondevice.errors import OndeviceError
+from ondevice.onnx import graph as G
+from ondevice.onnx.nbits import NBitsWeight, gguf_to_nbits, supported
+from ondevice.paths import write_json
+from ondevice.quant.embedding_rows import EmbeddingRows
+from ondevice.quant.gguf_blocks import FLOAT_TYPES
+from ondevice.target import weights as W
+from ondevice.target.torch_model import ModelArgs
+
+FORMAT_VERSION = 1
+ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, int32 accumulation (the fast kernels)
+ACCURACY_FP32 = 0  # float32 activations: slower, for checking the weight mapping
+ALIGN = 4096  # external tensors start on page boundaries (ORT can map them)
+ROW_CHUNK = 8192  # rows of a big matrix converted at a time
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    folder: Path
+    args: ModelArgs
+    embedding: EmbeddingRows  # the GGUF's token_embd: the body takes embeddings, looked up on the host
+    body: Path
+    head: Path  # full vocabulary
+    trimmed_head: Path | None = None  # only the rows asked for
+
+    @property
+    def head_rows(self) -> int:
+        return self.args.vocab_size
+
+
+def export_dir(gguf_path: str | Path) -> Path:
+    path = Path(gguf_path).expanduser()
+    return path.with_name(path.name + ".onnx")
+
+
+def _identity(gguf_path: Path, accuracy_level: int) -> dict:
+    import onnxruntime
+
+    st = gguf_path.stat()
+    return {"format": FORMAT_VERSION, "gguf": [gguf_path.name, st.st_size, st.st_mtime_ns], "onnxruntime": onnxruntime.__version__,
+            "accuracy_level": accuracy_level}  # fmt: skip
+
+
+def rows_tag(rows: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(rows, dtype=np.int64).tobytes()).hexdigest()[:12]
+
+
+def ensure_export(gguf_path: str | Path, accuracy_level: int = ACCURACY_INT8, head_rows: np.ndarray | None = None, show: bool = True) -> OnnxExport:
+    """The cached export of this GGUF (built now if missing or stale), with a trimmed head if asked."""
+    gguf_path = Path(gguf_path).expanduser()
+    folder = export_dir(gguf_path)
+    folder.mkdir(exist_ok=True)
+    ident = _identity(gguf_path, accuracy_level)
+    level = f"a{accuracy_level}"
+    body, head = folder / f"body.{level}.onnx", folder / f"head.{level}.onnx"
+    trimmed = None if head_rows is None else folder / f"head-{rows_tag(head_rows)}.{level}.onnx"
+    manifest = folder / f"manifest.{level}.json"
+    with _locked(folder):
+        if not _current(manifest, ident, [body, head] + ([trimmed] if trimmed else [])):
+            reader = W.open_gguf(gguf_path)
+            args = W.gguf_model_args(reader)
+            source = GGUFWeights(reader, args)
+            _build_body(source, args, body, accuracy_level, show, gguf_path.name)
+            _build_head(source, args, head, accuracy_level, None)
+            if trimmed:
+                _build_head(source, args, trimmed, accuracy_level, head_rows)
+            embd = source.tensors["tok_embeddings.weight"]
+            write_json(manifest, {**ident, "args": asdict(args), "embedding": EmbeddingRows.of_tensor(embd, embd.path).to_dict()})
+        saved = json.loads(manifest.read_text())
+    return OnnxExport(folder, ModelArgs.from_dict(saved["args"]), EmbeddingRows.from_dict(saved["embedding"]), body, head, trimmed)
+
+
+def _current(manifest: Path, ident: dict, files: list[Path]) -> bool:
+    try:
+        saved = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    return all(saved.get(k) == v for k, v in ident.items()) and all(f.is_file() and Path(str(f) + ".data").is_file() for f in files)
+
+
+@contextmanager
+def _locked(folder: Path):
+    with open(folder / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --- reading weights from the GGUF ------------------------------------------------------------------
+
+
+class GGUFWeights:
+    """`graph.WeightSource` over a GGUF reader: quantized matrices as MatMulNBits, the rest float32."""
+
+    def __init__(self, reader, args: ModelArgs):
+        self.args = args
+        self.tensors = {}
+        for tensor in reader.tensors:
+            name = W._rename(tensor.name, W.GGUF_NAMES)
+            if name is not None:
+                self.tensors[name] = tensor
+        if "output.weight" not in self.tensors:  # tied head: the embedding matrix
+            self.tensors["output.weight"] = self.tensors["tok_embeddings.weight"]
+        self.n_tensors = len(reader.tensors)
+
+    def _tensor(self, name: str):
+        if name not in self.tensors:
+            raise OndeviceError(f"the GGUF has no tensor for {name}: the file may be damaged.")
+        return self.tensors[name]
+
+    def vector(self, name: str) -> np.ndarray:
+        return np.ascontiguousarray(W._dequantize(self._tensor(name)), dtype=np.float32).reshape(-1)
+
+    def matrix(self, name: str, rows: np.ndarray | None = None) -> NBitsWeight | np.ndarray:
+        tensor = self._tensor(name)
+        k, n = (int(d) for d in tensor.shape[:2])  # GGUF lists the inner dimension first
+        if supported(tensor.tensor_type):
+            chunks = [gguf_to_nbits(tensor.data, tensor.tensor_type, n, k, rows=part) for part in _row_chunks(n, rows)]
+            return _concat(chunks) if len(chunks) > 1 else chunks[0]
+        if tensor.tensor_type not in FLOAT_TYPES:
+            raise OndeviceError(f"{tensor.name} is stored as {tensor.tensor_type.name}, which the ONNX backend cannot read: use a K-quant, Q8_0 or float GGUF.")
+        w = W._dequantize(tensor)
+        return np.ascontiguousarray(w if rows is None else w[rows], dtype=np.float32)
+
+
+def _row_chunks(n: int, rows: np.ndarray | None) -> list[np.ndarray]:
+    rows = np.arange(n) if rows is None else np.asarray(rows, dtype=np.int64)
+    return [rows[i : i + ROW_CHUNK] for i in range(0, len(rows), ROW_CHUNK)]
+
+
+def _concat(chunks: list[NBitsWeight]) -> NBitsWeight:
+    first = chunks[0]
+    correction = None if first.correction is None else np.concatenate([c.correction for c in chunks])
+    return NBitsWeight(sum(c.n for c in chunks), first.k, first.bits, first.block, np.concatenate([c.codes for c in chunks]),
+                       np.concatenate([c.scales for c in chunks]), correction)  # fmt: skip
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+
+class ExternalData:
+    """Appends initializers to one `.data` file and returns TensorProtos that point into it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = open(path, "wb")
+
+    def __call__(self, name: str, array: np.ndarray) -> TensorProto:
+        pad = -self.file.tell() % ALIGN
+        self.file.write(b"\0" * pad)
+        offset = self.file.tell()
+        self.file.write(np.ascontiguousarray(array).tobytes())
+        tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", offset), ("length", array.nbytes)):
+            tensor.external_data.add(key=key, value=str(value))
+        return tensor
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _write(graph_fn, path: Path, accuracy_level: int) -> None:
+    """Build a graph with its initializers streamed to `<path>.data`, then save both (renamed at the end)."""
+    tmp = path.with_name(path.name + ".tmp")
+    data = ExternalData(Path(str(tmp) + ".data"))
+    try:
+        graph = graph_fn(G.GraphBuilder(data, accuracy_level))
+    finally:
+        data.close()
+    for init in graph.initializer:  # point at the final data file name
+        for entry in init.external_data:
+            if entry.key == "location":
+                entry.value = path.name + ".data"
+    onnx.save(G.model(graph), str(tmp))
+    os.replace(Path(str(tmp) + ".data"), Path(str(path) + ".data"))
+    os.replace(tmp, path)
+
+
+def _build_body(source: GGUFWeights, args: ModelArgs, path: Path, accuracy_level: int, show: bool, label: str) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("layers"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), disable=not show, transient=True) as progress:
+        task = progress.add_task(f"exporting {label} to ONNX (once)", total=args.n_layers)
+        _write(lambda g: G.body_graph(g, args, source, lambda i: progress.advance(task)), path, accuracy_level)
+
+
+def _build_head(source: GGUFWeights, args: ModelArgs, path: Path, accuracy_level: int, rows: np.ndarray | None) -> None:
+    _write(lambda g: G.head_graph(g, args, source.matrix("output.weight", rows)), path, accuracy_level)

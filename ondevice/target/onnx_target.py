@@ -1,0 +1,79 @@
+"""OnnxTarget: the `ondevice.protocols.Target` on ONNX Runtime (CPU), from the GGUF's own weights.
+
+The decoder is our model exported once (`ondevice.onnx.export`, cached next to the GGUF) with its
+matrices in MatMulNBits, whose integer GEMM reuses each weight block across all the tokens of a
+pass: a tree of 8 costs far less than 8 single-token passes, where llama.cpp's CPU cost grows about
+linearly. Slots and positions work as in TorchTarget: committed tokens fill slots 0..n_cached; a
+tree's nodes sit provisionally at n_cached + node index, RoPE position n_cached + depth, attending
+to the cache and their ancestors; `commit(path)` moves the path's entries down (no recompute).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ondevice.onnx.decoder import OnnxDecoder, causal_mask
+from ondevice.onnx.export import ACCURACY_INT8, ensure_export
+from ondevice.target.slots import check_room, is_root_path
+from ondevice.tree import DraftTree
+
+PREFILL_CHUNK = 256  # tokens per prefill pass (bounds the attention bias and activations)
+
+
+class OnnxTarget:
+    def __init__(self, decoder: OnnxDecoder, n_ctx: int):
+        self.decoder = decoder
+        self.n_vocab = decoder.args.vocab_size
+        self.n_ctx = n_ctx
+        self._n_cached = 0
+        self._tree_parents = np.zeros(0, dtype=np.int64)  # the last tree, whose nodes sit after n_cached
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, n_ctx: int = 4096, threads: int | None = None, accuracy_level: int = ACCURACY_INT8,
+                  show: bool = True) -> "OnnxTarget":  # fmt: skip
+        """Export the GGUF to ONNX on first use (cached beside it), then open it with n_ctx cache slots."""
+        export = ensure_export(path, accuracy_level=accuracy_level, show=show)
+        return cls(OnnxDecoder(export, slots=n_ctx, threads=threads), n_ctx)
+
+    @property
+    def n_cached(self) -> int:
+        return self._n_cached
+
+    def truncate(self, n_tokens: int) -> None:
+        if not 0 <= n_tokens <= self._n_cached:
+            raise ValueError(f"cannot truncate a cache of {self._n_cached} tokens to {n_tokens}")
+        self._n_cached, self._tree_parents = n_tokens, np.zeros(0, dtype=np.int64)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        check_room(self._n_cached, len(tokens), self.n_ctx)
+        for i in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = list(tokens[i : i + PREFILL_CHUNK])
+            start = self._n_cached
+            self.decoder.hidden(chunk, np.arange(start, start + len(chunk)), start, causal_mask(start, len(chunk)))
+            self._n_cached += len(chunk)
+        self._tree_parents = np.zeros(0, dtype=np.int64)
+
+    def forward_tree(self, tree: DraftTree) -> np.ndarray:
+        n, start = len(tree), self._n_cached
+        check_room(self._n_cached, n, self.n_ctx)
+        mask = np.concatenate([np.ones((n, start), dtype=bool), tree.ancestor_mask()], axis=1)  # (n, start + n)
+        logits = self.decoder.forward(tree.tokens, start + tree.depths, start, mask)
+        self._tree_parents = tree.parents
+        return logits
+
+    def commit(self, path: Sequence[int]) -> None:
+        path = np.asarray(path, dtype=np.int64)
+        if not is_root_path(self._tree_parents, path):
+            raise ValueError(f"commit needs a root-first path of the last tree's nodes, got {path.tolist()}")
+        self.decoder.move(self._n_cached + path, self._n_cached)
+        self._n_cached += len(path)
+        self._tree_parents = np.zeros(0, dtype=np.int64)
+
+    def placement_summary(self) -> str:
+        return f"{self.decoder.args.n_layers} layers on CPU (ONNX Runtime, MatMulNBits)"
+
+    def close(self) -> None:
+        self.decoder.close()
