@@ -309,10 +309,10 @@ def test_cli_download_and_models(fake):
     result = runner.invoke(app, ["download", "fake"])
     assert result.exit_code == 0, result.output
     assert str(fake.home / "models" / "fake-target.gguf") in result.stdout
-    listing = runner.invoke(app, ["models"], terminal_width=200)
+    listing = runner.invoke(app, ["models"], env={"COLUMNS": "250"})
     assert listing.exit_code == 0
-    fake_rows = [line for line in listing.stdout.splitlines() if "Fake" in line]
-    assert len(fake_rows) == 2 and all(row.rstrip().endswith("yes") for row in fake_rows)
+    fake_rows = [line for line in listing.stdout.splitlines() if "Fake target" in line]
+    assert len(fake_rows) == 1 and fake_rows[0].rstrip().endswith("yes") and "Fake drafter" in fake_rows[0]
     unknown = runner.invoke(app, ["download", "nope"])
     assert isinstance(unknown.exception, OndeviceError)
 

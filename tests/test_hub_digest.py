@@ -154,3 +154,46 @@ def test_unreachable_hub_fails_in_one_line_and_writes_nothing(tmp_path, monkeypa
         hub.ensure_file(load_pair("hubpair").target, quiet()[0])
     assert "\n" not in str(caught.value)
     assert files_in(tmp_path / "home") == []
+
+
+def test_models_lists_and_rm_deletes_a_pair(fake_hub, tmp_path):
+    from typer.testing import CliRunner
+
+    from ondevice.cli.app import app
+
+    home = tmp_path / "home"
+    names = [f"big-{i:05d}-of-00002.gguf" for i in (1, 2)]
+    for name in names + ["small.gguf"]:
+        fake_hub.publish(REPO, name, os.urandom(5000))
+    catalog(home, names[0])
+    hub.ensure_pair(load_pair("hubpair"), quiet()[0])
+    (home / "models" / "mine.gguf").write_bytes(b"GGUF")  # a file of one's own: listed apart
+    runner = CliRunner()
+    listing = runner.invoke(app, ["models"], env={"COLUMNS": "250"})
+    assert listing.exit_code == 0, listing.output
+    row = next(line for line in listing.stdout.splitlines() if line.strip().startswith("hubpair"))
+    assert "Big" in row and "10 kB" in row and "5.0 kB" in row and row.rstrip().endswith("yes")
+    assert "mine.gguf" in listing.stdout
+    refused = runner.invoke(app, ["rm", "hubpair"])  # no terminal, no --yes: nothing happens
+    assert refused.exit_code == 1 and "pass --yes" in str(refused.exception)
+    assert (home / "models" / names[1]).exists()
+    removed = runner.invoke(app, ["rm", "hubpair", "--yes"])
+    assert removed.exit_code == 0, removed.output
+    assert sorted(p.name for p in (home / "models").iterdir()) == ["mine.gguf"]
+    assert "no" in next(line for line in runner.invoke(app, ["models"], env={"COLUMNS": "250"}).stdout.splitlines() if "hubpair" in line)
+
+
+def test_rm_keeps_a_file_another_downloaded_pair_uses(fake_hub, tmp_path):
+    from ondevice.cli.models_cmd import files_to_remove
+
+    home = tmp_path / "home"
+    for name in ("big.gguf", "small.gguf", "other-big.gguf"):
+        fake_hub.publish(REPO, name, os.urandom(3000))
+    catalog(home, "big.gguf")
+    text = (home / "catalog" / "hubpair.toml").read_text().replace('name = "hubpair"', 'name = "second"')
+    (home / "catalog" / "second.toml").write_text(text.replace('"big.gguf"', '"other-big.gguf"'))
+    hub.ensure_pair(load_pair("hubpair"), quiet()[0])
+    hub.ensure_pair(load_pair("second"), quiet()[0])
+    doomed, kept = files_to_remove(load_pair("hubpair"))
+    assert {p.name for p in doomed} == {"big.gguf", "big.gguf.verified", "big.gguf.lock"}
+    assert [(p.name, users) for p, users in kept] == [("small.gguf", ["second"])]

@@ -55,8 +55,15 @@ def choose(pair: str | None, target: str | None, drafter: str | None, draft: boo
         drafter_path = refs.local_model(drafter, console)
     else:
         drafter_path = auto_drafter(target_path, console)
+    for known in list_pairs():  # a catalog pair's own two files, given by path: the same pair (profiles, acceptance)
+        if drafter_path and _same(hub.local_path(known.target), target_path) and _same(hub.local_path(known.drafter), drafter_path):
+            return Models(known.name, known.description, target_path, drafter_path, hub.digest_of(known.target), hub.digest_of(known.drafter))
     text = f"{target_path.name}, drafted by {drafter_path.name}" if drafter_path else f"{target_path.name} (no drafter model)"
     return Models(_name(target_path, drafter_path), text, target_path, drafter_path)
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
 def auto_drafter(target: Path, console: Console) -> Path | None:
@@ -65,7 +72,7 @@ def auto_drafter(target: Path, console: Console) -> Path | None:
 
     target_tok = Tokenizer(target)
     for pair in list_pairs():  # 1. this file is a catalog target
-        if hub.local_path(pair.target).resolve() == target.resolve():
+        if _same(hub.local_path(pair.target), target):
             path = hub.ensure_file(pair.drafter, console, announce_cached=False)
             return _say(console, path, f"the drafter of the catalog pair {pair.name}")
     for path in downloaded_drafters(target):  # 2. something already here with a working vocabulary

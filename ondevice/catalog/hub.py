@@ -155,6 +155,29 @@ def downloaded_bytes(model_file: ModelFile) -> int:
     return sum(part_path(part).stat().st_size for part in model_file.parts() if part_path(part).exists())
 
 
+def local_files(model_file: ModelFile) -> list[Path]:
+    """Everything on disk that belongs to the model: its parts and their markers, locks, partial
+    downloads and staging folders, and a VocabTrim head built from it."""
+    from ondevice.quant.vocab_trim import trimmed_paths
+
+    found = []
+    for part in model_file.parts():
+        path = part_path(part)
+        suffixes = ("", ".verified", ".lock", ".partial", ".partial.json")
+        found += [path.with_name(path.name + suffix) for suffix in suffixes] + [hf_source.staging_dir(path)]
+        found += list(trimmed_paths(path))
+    return [path for path in found if path.exists()]
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file or a staging folder, then the folders above it that it leaves empty (up to the models folder)."""
+    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    folder, top = path.parent, paths.models_dir()
+    while folder != top and top in folder.parents and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
+
+
 # ---------------------------------------------------------------------------------------------
 # Cache, verification, trying the sources in order
 

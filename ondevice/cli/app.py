@@ -35,10 +35,11 @@ from ondevice.cli import chat_cmd, run_cmd  # noqa: E402  (commands register aft
 app.command("chat")(chat_cmd.chat)
 app.command("generate")(run_cmd.generate)
 
-from ondevice.cli import download_cmd  # noqa: E402
+from ondevice.cli import download_cmd, models_cmd  # noqa: E402
 
 app.command("download")(download_cmd.download)
-app.command("models")(download_cmd.models)
+app.command("models")(models_cmd.models)
+app.command("rm")(models_cmd.rm)
 
 from ondevice.cli import bench_cmd  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""`ondevice download` and `ondevice models`: get model pairs and see which ones are here.
+"""`ondevice download`: get a model pair, or one Hugging Face file, verified.
 
 Command functions only; ondevice/cli/app.py registers them on the one Typer app.
 """
@@ -8,14 +8,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from ondevice.catalog import hub, refs
 from ondevice.cli import options as opt
 from ondevice.errors import OndeviceError
-from ondevice.catalog.pairs import ModelFile, list_pairs, load_pair
+from ondevice.catalog.pairs import load_pair
 
 PairArgument = Annotated[
     str | None,
@@ -59,48 +57,3 @@ def download(
     }
     typer.echo(f"target   {paths['target']}")  # plain lines (never wrapped) for scripts
     typer.echo(f"drafter  {paths['drafter']}")
-
-
-PredictOption = Annotated[
-    bool,
-    typer.Option("--predict", help="Predicted tok/s of each pair on this machine, alone and with speculation, from synthetic "
-                 "curves (`ondevice bench --synthetic PAIR`); beside what `ondevice bench` measured on pairs used here."),
-]
-
-
-def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
-    """List the model pairs in the catalog and whether their files are downloaded (--predict: how fast each would run here)."""
-    if predict:
-        from ondevice.cli.forecast_view import show_forecasts
-
-        show_forecasts(list_pairs(), as_json=as_json)
-        return
-    if as_json:
-        raise OndeviceError("--json goes with --predict (the plain listing is a table).")
-    table = Table(title="model pairs (* = default)", box=box.SIMPLE)
-    table.add_column("name", no_wrap=True)
-    table.add_column("role", no_wrap=True)
-    table.add_column("model", overflow="fold")
-    table.add_column("size", justify="right", no_wrap=True)
-    table.add_column("downloaded", no_wrap=True)
-    for pair in list_pairs():
-        name = pair.name + (" *" if pair.default else "")
-        for role, model_file in (("target", pair.target), ("drafter", pair.drafter)):
-            size = _size_text(model_file)
-            table.add_row(name, role, model_file.label, size, _download_state(model_file))
-            name = ""
-    Console().print(table)
-
-
-def _size_text(model_file: ModelFile) -> str:
-    """Exact size if pinned or downloaded, else the catalog's approximate one (with a ~), else ?."""
-    if hub.is_downloaded(model_file) or model_file.size:
-        return f"{(hub.downloaded_bytes(model_file) if hub.is_downloaded(model_file) else model_file.size) / 1e9:.2f} GB"
-    return f"~{model_file.approx_size / 1e9:.1f} GB" if model_file.approx_size else "?"
-
-
-def _download_state(model_file: ModelFile) -> str:
-    """yes (verified), unverified (present, not yet hashed), or no."""
-    if hub.is_downloaded(model_file):
-        return "yes"
-    return "unverified" if hub.local_path(model_file).exists() else "no"

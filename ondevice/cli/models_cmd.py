@@ -1,0 +1,145 @@
+"""`ondevice models` and `ondevice rm`: what the catalog offers, what is on this machine, deleting it.
+
+Command functions only; ondevice/cli/app.py registers them on the one Typer app.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ondevice import paths
+from ondevice.catalog import hub, refs
+from ondevice.catalog.pairs import ModelFile, ModelPair, list_pairs, load_pair
+from ondevice.cli import options as opt
+from ondevice.errors import OndeviceError
+from ondevice.gguf_split import SPLIT_NAME, model_bytes
+from ondevice.sizes import format_bytes
+
+
+
+PredictOption = Annotated[
+    bool,
+    typer.Option("--predict", help="Predicted tok/s of each pair on this machine, alone and with speculation, from synthetic "
+                 "curves (`ondevice bench --synthetic PAIR`); beside what `ondevice bench` measured on pairs used here."),
+]
+
+
+def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
+    """List the catalog's model pairs (family, sizes, whether downloaded) and other downloaded GGUF files
+    (--predict: how fast each would run here)."""
+    if predict:
+        from ondevice.cli.forecast_view import show_forecasts
+
+        show_forecasts(list_pairs(), as_json=as_json)
+        return
+    if as_json:
+        raise OndeviceError("--json goes with --predict (the plain listing is a table).")
+    console = Console()
+    table = Table(title="model pairs (* = default) · `ondevice download NAME` · `ondevice chat -m NAME`", box=box.SIMPLE, title_justify="left")
+    for column, justify in (("name", "left"), ("family", "left"), ("target", "left"), ("size", "right"),
+                            ("drafter", "left"), ("size ", "right"), ("downloaded", "left")):
+        table.add_column(column, justify=justify, no_wrap=column != "target", overflow="fold")
+    for pair in sorted(list_pairs(), key=lambda p: (not p.default, p.family, _bytes(p.target) or 0, p.name)):
+        table.add_row(
+            pair.name + (" *" if pair.default else ""), pair.family, pair.target.label, _size_text(pair.target),
+            pair.drafter.label, _size_text(pair.drafter), _download_state(pair),
+        )
+    console.print(table)
+    others = other_models()
+    if others:
+        extra = Table(title="other downloaded models (use with --target FILE / --drafter FILE)", box=box.SIMPLE, title_justify="left")
+        extra.add_column("file", overflow="fold")
+        extra.add_column("size", justify="right", no_wrap=True)
+        for path in others:
+            extra.add_row(str(path), format_bytes(model_bytes(path)))
+        console.print(extra)
+
+
+def rm(
+    name: Annotated[str, typer.Argument(help="A pair from `ondevice models`, or a downloaded file: hf:owner/repo/file.gguf.", show_default=False)],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete without asking.")] = False,
+) -> None:
+    """Delete a model pair's downloaded files (files another downloaded pair still uses are kept)."""
+    console = Console()
+    if refs.is_hf(name):
+        ref = refs.parse_hf(name)
+        if ref.file is None:
+            raise OndeviceError(f"name the file to delete: hf:{ref.repo}/FILE.gguf (see `ondevice models`).")
+        doomed, kept = hub.local_files(refs.model_file(ref)), []
+    else:
+        doomed, kept = files_to_remove(load_pair(name))
+    for path, users in kept:
+        console.print(f"keeping {path.name}: also used by {', '.join(users)}", markup=False, highlight=False)
+    if not doomed:
+        console.print(f"nothing of {name} is downloaded", markup=False)
+        return
+    size = sum(p.stat().st_size for p in doomed if p.is_file())
+    if not yes:
+        if not sys.stdin.isatty():
+            raise OndeviceError(f"`ondevice rm {name}` would delete {len(doomed)} files ({format_bytes(size)}); pass --yes to delete without asking.")
+        typer.confirm(f"delete {len(doomed)} files of {name} ({format_bytes(size)})?", abort=True)
+    for path in doomed:
+        hub.remove_path(path)
+    console.print(f"deleted {len(doomed)} files ({format_bytes(size)}) of {name}", markup=False, highlight=False)
+
+
+def files_to_remove(pair: ModelPair) -> tuple[list[Path], list[tuple[Path, list[str]]]]:
+    """(files to delete, [(file kept, the other pairs using it)]): a model file that another pair with
+    something downloaded also names stays."""
+    doomed, kept = [], []
+    for model in (pair.target, pair.drafter):
+        users = [other.name for other in list_pairs() if other.name != pair.name and _names(other, model) and _has_files(other)]
+        if users and hub.local_path(model).exists():
+            kept.append((hub.local_path(model), users))
+        elif not users:
+            doomed += hub.local_files(model)
+    return doomed, kept
+
+
+def other_models() -> list[Path]:
+    """GGUF models under the models folder that no catalog entry names (hf: downloads, files put there)."""
+    known = {hub.part_path(part).resolve() for pair in list_pairs() for m in (pair.target, pair.drafter) for part in m.parts()}
+    found = []
+    for path in sorted(paths.models_dir().rglob("*.gguf")) if paths.models_dir().exists() else []:
+        split = SPLIT_NAME.match(path.name)
+        if path.resolve() in known or path.name.startswith(".") or path.name.endswith(".vocab-trim.gguf") or (split and int(split["no"]) != 1):
+            continue
+        found.append(path)
+    return found
+
+
+def _names(pair: ModelPair, model: ModelFile) -> bool:
+    return model.file in (pair.target.file, pair.drafter.file)
+
+
+def _has_files(pair: ModelPair) -> bool:
+    return any(hub.local_path(m).exists() for m in (pair.target, pair.drafter))
+
+
+def _bytes(model_file: ModelFile) -> int | None:
+    """The model's size: on disk, pinned, or approximate (None if unknown)."""
+    return hub.downloaded_bytes(model_file) if hub.is_downloaded(model_file) else model_file.size or model_file.approx_size
+
+
+def _size_text(model_file: ModelFile) -> str:
+    """Exact size if downloaded or pinned, else the catalog's approximate one (with a ~), else ?."""
+    if hub.is_downloaded(model_file):
+        return format_bytes(hub.downloaded_bytes(model_file))
+    if model_file.size:
+        return format_bytes(model_file.size)
+    return f"~{format_bytes(model_file.approx_size)}" if model_file.approx_size else "?"
+
+
+def _download_state(pair: ModelPair) -> str:
+    """yes (both verified), partly (one, or an unverified file), or no."""
+    states = [hub.is_downloaded(m) for m in (pair.target, pair.drafter)]
+    if all(states):
+        return "yes"
+    return "partly" if any(states) or _has_files(pair) else "no"
