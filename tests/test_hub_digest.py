@@ -197,3 +197,20 @@ def test_rm_keeps_a_file_another_downloaded_pair_uses(fake_hub, tmp_path):
     doomed, kept = files_to_remove(load_pair("hubpair"))
     assert {p.name for p in doomed} == {"big.gguf", "big.gguf.verified", "big.gguf.lock"}
     assert [(p.name, users) for p, users in kept] == [("small.gguf", ["second"])]
+
+
+def test_quant_reference_picks_the_file_like_llama_cpp(fake_hub, tmp_path):
+    from ondevice.catalog import refs
+
+    names = ["README.md", "model-Q8_0.gguf", "model-q4_k_m-00001-of-00002.gguf", "model-q4_k_m-00002-of-00002.gguf", "mmproj-Q4_K_M.gguf"]
+    for name in names:
+        fake_hub.publish(REPO, name, os.urandom(100))
+    (tmp_path / "home").mkdir()
+    model = refs.model_file(refs.parse_hf(f"hf:{REPO}:Q4_K_M"))  # asks the hub's file list
+    assert model.hf_file == "model-q4_k_m-00001-of-00002.gguf" and model.file == f"hf/{REPO}/model-q4_k_m-00001-of-00002.gguf"
+    assert [part.hf_file for part in model.parts()] == names[2:4]
+    assert refs.model_file(refs.parse_hf(f"hf:{REPO}:q8_0")).hf_file == "model-Q8_0.gguf"
+    with pytest.raises(OndeviceError, match=r"no GGUF file for quantization IQ2_XS; its GGUF files: model-Q8_0.gguf, model-q4_k_m.gguf"):
+        refs.model_file(refs.parse_hf(f"hf:{REPO}:IQ2_XS"))
+    path = refs.local_model(f"hf:{REPO}:Q4_K_M", quiet()[0])  # downloads both parts, verified
+    assert path.read_bytes() == fake_hub.files[(REPO, names[2])] and path.with_name(names[3]).exists()

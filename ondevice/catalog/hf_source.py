@@ -170,20 +170,17 @@ def file_for_quant(repo: str, quant: str, revision: str = "main") -> str:
 
 def pick_quant(names: list[str], quant: str, repo: str) -> str:
     """From a repo's file names, the one GGUF model file of this quantization (first part if split)."""
-    token = re.compile(rf"(^|[-._/]){re.escape(quant)}([-._]|$)", re.IGNORECASE)
-    candidates = []
+    token = re.compile(rf"(^|[-._]){re.escape(quant)}([-._]|$)", re.IGNORECASE)
+    models = {}  # repo path of each model (a split set by its first part) -> its name without the part suffix
     for name in names:
         base = name.rsplit("/", 1)[-1]
-        if not base.lower().endswith(".gguf") or "mmproj" in base.lower():
-            continue
         split = SPLIT_NAME.match(base)
-        if split and int(split["no"]) != 1:
-            continue
-        if token.search((split["stem"] + ".gguf") if split else base):
-            candidates.append(name)
-    if len(candidates) != 1:
-        ggufs = sorted(n.rsplit("/", 1)[-1] for n in names if n.lower().endswith(".gguf") and "-0000" not in n[-20:-13])
-        if not candidates:
-            raise OndeviceError(f"{repo} has no GGUF file for quantization {quant}; its files: {', '.join(ggufs[:12]) or 'none'}")
+        if base.lower().endswith(".gguf") and "mmproj" not in base.lower() and (not split or int(split["no"]) == 1):
+            models[name] = split["stem"] + ".gguf" if split else base
+    candidates = [name for name, base in models.items() if token.search(base.removesuffix(".gguf"))]
+    if not candidates:
+        listed = ", ".join(sorted(models.values())[:12]) or "none"
+        raise OndeviceError(f"{repo} has no GGUF file for quantization {quant}; its GGUF files: {listed}")
+    if len(candidates) > 1:
         raise OndeviceError(f"{repo} has several GGUF files for {quant} ({', '.join(candidates)}); name one: hf:{repo}/FILE")
     return candidates[0]
