@@ -214,3 +214,43 @@ def test_quant_reference_picks_the_file_like_llama_cpp(fake_hub, tmp_path):
         refs.model_file(refs.parse_hf(f"hf:{REPO}:IQ2_XS"))
     path = refs.local_model(f"hf:{REPO}:Q4_K_M", quiet()[0])  # downloads both parts, verified
     assert path.read_bytes() == fake_hub.files[(REPO, names[2])] and path.with_name(names[3]).exists()
+
+
+def test_cli_download_with_no_hub_fails_in_one_line_and_leaves_nothing(tmp_path):
+    """The console script as a user runs it: exit code 1, one line on stderr naming the network."""
+    import subprocess
+    import sys
+
+    with __import__("socket").socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    env = {**os.environ, "ONDEVICE_HOME": str(tmp_path / "home"), "HF_ENDPOINT": closed}
+    env.pop("HF_HUB_OFFLINE", None)
+    for ref in (f"hf:{REPO}/big-q4_k_m-00001-of-00003.gguf", f"hf:{REPO}:Q4_K_M"):
+        done = subprocess.run([sys.executable, "-m", "ondevice", "download", ref], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and done.stdout == ""
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: cannot ") and "Hugging Face Hub is unreachable" in lines[0], done.stderr
+        assert "check your network connection" in lines[0]
+    assert not (tmp_path / "home").exists()
+
+
+def test_split_model_fills_one_progress_bar(fake_hub, tmp_path, monkeypatch):
+    from rich.progress import Progress
+
+    home = tmp_path / "home"
+    names = [f"big-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    parts = [os.urandom(n) for n in (70_000, 50_000, 30_000)]
+    for name, data in zip(names, parts):
+        fake_hub.publish(REPO, name, data)
+    catalog(home, names[0])
+    bars: list[Progress] = []
+
+    def recording_progress(console):
+        bars.append(Progress(console=console, disable=True))
+        return bars[-1]
+
+    monkeypatch.setattr(hub, "_progress", recording_progress)
+    hub.ensure_file(load_pair("hubpair").target, quiet()[0])
+    downloads = [task for bar in bars for task in bar.tasks if not task.description.startswith("verifying")]
+    assert [(t.description, t.total, t.completed) for t in downloads] == [("Big", sum(map(len, parts)), sum(map(len, parts)))]
