@@ -254,3 +254,17 @@ def test_split_model_fills_one_progress_bar(fake_hub, tmp_path, monkeypatch):
     hub.ensure_file(load_pair("hubpair").target, quiet()[0])
     downloads = [task for bar in bars for task in bar.tasks if not task.description.startswith("verifying")]
     assert [(t.description, t.total, t.completed) for t in downloads] == [("Big", sum(map(len, parts)), sum(map(len, parts)))]
+
+
+def test_a_downloaded_quant_reference_needs_no_hub(fake_hub, tmp_path, monkeypatch):
+    from ondevice.catalog import refs
+
+    fake_hub.publish(REPO, "model-Q4_K_M.gguf", os.urandom(1000))
+    path = refs.local_model(f"hf:{REPO}:Q4_K_M", quiet()[0])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fake_hub.requests.clear()
+    assert refs.local_model(f"hf:{REPO}:q4_k_m", quiet()[0]) == path
+    assert refs.local_model(f"hf:{REPO}/model-Q4_K_M.gguf", quiet()[0]) == path
+    assert fake_hub.requests == []
+    with pytest.raises(OndeviceError, match="cannot look up .*Q8_0: the Hugging Face Hub is offline"):
+        refs.local_model(f"hf:{REPO}:Q8_0", quiet()[0])

@@ -121,9 +121,12 @@ def _say(console: Console, path: Path, why: str) -> Path:
     return path
 
 
+def _stem(path: Path) -> str:
+    return re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", path.name)
+
+
 def _name(target: Path, drafter: Path | None) -> str:
     """A name for profiles and acceptance records: the file names, made safe for a file name."""
-    stem = lambda p: re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", p.name)  # noqa: E731
-    text = stem(target) + (f"+{stem(drafter)}" if drafter else "")
+    text = _stem(target) + (f"+{_stem(drafter)}" if drafter else "")
     return re.sub(r"[^A-Za-z0-9._+-]", "_", text)[:120]
 

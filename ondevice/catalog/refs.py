@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ondevice import paths
 from ondevice.catalog import hf_source, hub
 from ondevice.catalog.pairs import ModelFile
 from ondevice.errors import OndeviceError
@@ -73,8 +74,23 @@ def local_model(text: str, console: Console | None = None) -> Path:
             raise OndeviceError(f"no GGUF file at {path}: check the path.")
         return path
     ref = parse_hf(text)
-    if ref.file is not None:
-        known = model_file(ref)
-        if hub.is_downloaded(known):  # no network needed for a file we already have
-            return hub.local_path(known)
+    here = downloaded(ref)
+    if here is not None:  # no network needed for a file we already have
+        return hub.local_path(here)
     return hub.ensure_file(model_file(ref), console, announce_cached=False)
+
+
+def downloaded(ref: HfRef) -> ModelFile | None:
+    """The verified download of a reference, if there is one (a quant is matched among the repo's
+    files downloaded here, as the hub's list would match it)."""
+    if ref.file is not None:
+        candidates = [ref.file]
+    else:
+        folder = paths.models_dir() / "hf" / ref.repo
+        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")] if folder.is_dir() else []
+        try:
+            candidates = [hf_source.pick_quant(names, ref.quant, ref.repo)]
+        except OndeviceError:
+            return None
+    found = model_file(HfRef(ref.repo, candidates[0], None))
+    return found if hub.is_downloaded(found) else None
