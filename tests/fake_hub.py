@@ -2,8 +2,10 @@
 huggingface_hub calls, so the real client (get_hf_file_metadata, hf_hub_download, list_repo_tree)
 runs against it unchanged.
 
-- HEAD/GET /{repo}/resolve/{revision}/{file}: X-Repo-Commit, ETag, and for LFS files the
-  X-Linked-Etag (the sha256 of the bytes, quoted) and X-Linked-Size the real hub sends; GET honours
+- HEAD/GET /{repo}/resolve/{revision}/{file}: for an LFS file, as the real hub, a 302 to a CDN on
+  another host name (`localhost` for `127.0.0.1`) carrying X-Repo-Commit, X-Linked-Etag (the sha256
+  of the bytes, quoted) and X-Linked-Size; the client reads the metadata from the 302 and downloads
+  from the CDN URL. A plain git file answers 200 with a sha1-like ETag. GET honours
   `Range: bytes=N-` (resumed downloads).
 - GET /api/models/{repo}/tree/{revision}?recursive=…: the file listing (path, size, oid, lfs).
 
@@ -43,8 +45,15 @@ class FakeHub:
         self.digest[(repo, name)] = hashlib.sha256(b"other bytes").hexdigest()
 
     def downloads(self) -> list[str]:
-        """Paths of the file bodies served (GET of /resolve/)."""
-        return [path for method, path in self.requests if method == "GET" and "/resolve/" in path]
+        """`repo/file` of every file body served (GET from the CDN, or of a plain git file)."""
+        served = []
+        for method, path in self.requests:
+            if method == "GET" and path.startswith("/cdn/"):
+                served.append(urllib.parse.unquote(path[len("/cdn/"):]))
+            elif method == "GET" and "/resolve/" in path:
+                repo, _, rest = path.lstrip("/").partition("/resolve/")
+                served.append(f"{repo}/{urllib.parse.unquote(rest.partition('/')[2])}")
+        return served
 
     def close(self) -> None:
         self.server.shutdown()
@@ -69,6 +78,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(status, b'{"error": "forced"}', {"Content-Type": "application/json", "X-Error-Message": "forced error"}, body)
         if path.startswith("/api/models/"):
             return self._tree(path, body)
+        if path.startswith("/cdn/"):
+            repo, name = _split_cdn(path)
+            return self._bytes((repo, name), {"Accept-Ranges": "bytes"}, body)
         if "/resolve/" not in path:
             return self._send(404, b"not found", {}, body)
         repo, _, rest = path.lstrip("/").partition("/resolve/")
@@ -76,13 +88,18 @@ class _Handler(BaseHTTPRequestHandler):
         key = (repo, urllib.parse.unquote(name))
         if key not in hub.files:
             return self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT}, body)
-        data = hub.files[key]
-        headers = {"X-Repo-Commit": COMMIT, "Accept-Ranges": "bytes"}
         if key in hub.not_lfs:
-            headers["ETag"] = f'"{hashlib.sha1(data).hexdigest()}"'
-        else:
-            headers["ETag"] = headers["X-Linked-Etag"] = f'"{hub.digest[key]}"'
-            headers["X-Linked-Size"] = str(len(data))
+            return self._bytes(key, {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha1(hub.files[key]).hexdigest()}"'}, body)
+        cdn = f"http://localhost:{self.server.server_port}/cdn/{urllib.parse.quote(key[0])}/{urllib.parse.quote(key[1])}"
+        headers = {"X-Repo-Commit": COMMIT, "X-Linked-Etag": f'"{hub.digest[key]}"', "X-Linked-Size": str(len(hub.files[key])),
+                   "ETag": f'"{hashlib.sha1(b"pointer" + key[1].encode()).hexdigest()}"', "Location": cdn}
+        self._send(302, b"", headers, body)
+
+    def _bytes(self, key: tuple[str, str], headers: dict, body: bool) -> None:
+        hub: FakeHub = self.server.hub
+        if key not in hub.files:
+            return self._send(404, b"not found", {}, body)
+        data = hub.files[key]
         start = _range_start(self.headers.get("Range"))
         if start:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
@@ -112,6 +129,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+
+def _split_cdn(path: str) -> tuple[str, str]:
+    """/cdn/{owner}/{repo}/{file…} -> ("owner/repo", "file…")."""
+    owner, repo, name = urllib.parse.unquote(path[len("/cdn/"):]).split("/", 2)
+    return f"{owner}/{repo}", name
 
 
 def _range_start(header: str | None) -> int:

@@ -287,7 +287,7 @@ def test_reachable_hub_is_used_first(fake, monkeypatch):
         files = hub.ensure_pair(fake.pair(), quiet_console()[0])
     finally:
         hub_server.close()
-    assert hub_server.downloads() == ["/fake/target/resolve/main/fake-target.gguf", "/fake/drafter/resolve/main/fake-drafter.gguf"]
+    assert hub_server.downloads() == ["fake/target/fake-target.gguf", "fake/drafter/fake-drafter.gguf"]
     assert fake.index.requests == []
     assert files.target.read_bytes() == fake.target and leftovers(fake.home) == []
 

@@ -125,7 +125,7 @@ def test_split_model_downloads_as_a_set_verified_part_by_part(fake_hub, tmp_path
     console, text = quiet()
     path = hub.ensure_file(target, console)
     assert path == home / "models" / names[0]
-    assert fake_hub.downloads() == [f"/{REPO}/resolve/main/{name}" for name in names[1:]]  # only what was missing
+    assert fake_hub.downloads() == [f"{REPO}/{name}" for name in names[1:]]  # only what was missing
     assert [(home / "models" / name).read_bytes() for name in names] == parts
     assert hub.is_downloaded(target) and text.getvalue().count("success") == 1
     assert hub.downloaded_bytes(target) == sum(map(len, parts))
