@@ -19,6 +19,7 @@ rows as a numpy *view* of llama.cpp's buffer (no copy; valid until the next deco
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -39,12 +40,18 @@ LLAMA_MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX
 # --- logging ----------------------------------------------------------------------------------
 
 _log_enabled = os.environ.get("ONDEVICE_LLAMA_LOG", "") not in ("", "0")
+_captures: list[list[str]] = []  # capture_llama_log() blocks in progress
 
 
 @llama_cpp.llama_log_callback
 def _log_to_stderr(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if _log_enabled and text:
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
+    if not text:
+        return
+    line = text.decode("utf-8", errors="replace")
+    for lines in _captures:
+        lines.append(line)
+    if _log_enabled:
+        sys.stderr.write(line)
         sys.stderr.flush()
 
 
@@ -52,6 +59,17 @@ def set_llama_logging(enabled: bool) -> None:
     """Show (True) or drop (False, the default) llama.cpp's and ggml's log lines."""
     global _log_enabled
     _log_enabled = enabled
+
+
+@contextlib.contextmanager
+def capture_llama_log():
+    """Collect llama.cpp's log lines (e.g. its buffer sizes) while the block runs: `with ... as lines`."""
+    lines: list[str] = []
+    _captures.append(lines)
+    try:
+        yield lines
+    finally:
+        _captures.remove(lines)
 
 
 llama_cpp.llama_log_set(_log_to_stderr, ctypes.c_void_p(0))  # replaces llama-cpp-python's printer
@@ -96,14 +114,20 @@ def check_gguf_file(path: str | Path) -> Path:
 # --- models -----------------------------------------------------------------------------------
 
 
-def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int = 0):
-    """Load a GGUF with the crash guard; returns llama.cpp's model handle (free it with llama_model_free)."""
+def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True):
+    """Load a GGUF with the crash guard; returns llama.cpp's model handle (free it with llama_model_free).
+
+    resident: read the weights into anonymous memory instead of mapping the file, so the page cache
+    cannot evict them (a drafter beside a target that streams). repack: let llama.cpp copy weights
+    into its faster CPU layouts (anonymous memory too; off for a target that must stay mapped).
+    """
     path = check_gguf_file(path)
     _backend_ready()
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
-    params.use_extra_bufts = not cpu_has_amx()
+    params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if resident else llama_cpp.LLAMA_LOAD_MODE_MMAP
+    params.use_extra_bufts = repack and not cpu_has_amx()
     handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not handle:
         raise OndeviceError(f"llama.cpp could not load {path} (corrupt or unsupported GGUF); download it again.")
@@ -113,9 +137,10 @@ def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int 
 class LlamaModel:
     """A loaded GGUF model: weights plus vocabulary facts."""
 
-    def __init__(self, path: str | Path, n_gpu_layers: int = 0):
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True):
         self.path = Path(path)
-        self.handle = load_model(path, n_gpu_layers=n_gpu_layers)
+        self.resident, self.repack = resident, repack
+        self.handle = load_model(path, n_gpu_layers=n_gpu_layers, resident=resident, repack=repack)
         vocab = llama_cpp.llama_model_get_vocab(self.handle)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self.handle))
@@ -181,6 +206,7 @@ class LlamaContext:
         threads: int | None = None,
         kv_type: str = "f32",
         embeddings_input: bool = False,
+        n_outputs_max: int | None = None,
     ):
         if kv_type not in KV_TYPES:
             raise OndeviceError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}.")
@@ -194,6 +220,8 @@ class LlamaContext:
         params.n_batch = n_batch
         params.n_ubatch = min(n_batch, n_ubatch or n_batch)
         params.n_seq_max = n_seq_max
+        if n_outputs_max is not None:  # logits rows per call: sizes the output and compute buffers
+            params.n_outputs_max = min(n_batch, max(n_outputs_max, n_seq_max))
         params.n_threads = params.n_threads_batch = self.threads
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.kv_unified = True

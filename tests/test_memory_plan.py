@@ -1,0 +1,179 @@
+"""The memory plan: the RAM budget (cgroup v1/v2 aware), GGUF headers, llama.cpp buffer sizes, and
+where the target lives."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from ondevice.gguf_header import read_header
+from ondevice.errors import OndeviceError
+from ondevice.plan import ram
+from ondevice.plan.memory import IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, context_buffers, plan_memory
+from ondevice.plan.ram import RamBudget
+from tiny_models import tiny_config, write_tiny_gguf
+
+MiB = 1 << 20
+
+# --- the budget: which cgroup, what limit ------------------------------------------------------
+
+HYBRID_CGROUP = "5:devices:/\n4:memory:/process_api/abc\n0::/\n"
+HYBRID_MOUNTS = (
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+)
+V2_CGROUP = "0::/user.slice/app.scope\n"
+V2_MOUNTS = "30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+CONTAINER_CGROUP = "0::/docker/c1\n"  # a container that sees its own cgroup mounted at the root
+CONTAINER_MOUNTS = "30 25 0:26 /docker/c1 /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n"
+
+
+def test_own_cgroup_prefers_the_v1_memory_controller():
+    assert ram._own_cgroup(HYBRID_CGROUP, HYBRID_MOUNTS) == (Path("/sys/fs/cgroup/memory/process_api/abc"), 1)
+
+
+def test_own_cgroup_v2_and_a_container_root():
+    assert ram._own_cgroup(V2_CGROUP, V2_MOUNTS) == (Path("/sys/fs/cgroup/user.slice/app.scope"), 2)
+    assert ram._own_cgroup(CONTAINER_CGROUP, CONTAINER_MOUNTS) == (Path("/sys/fs/cgroup"), 2)
+    assert ram._own_cgroup("1:cpu:/\n", "") is None
+
+
+def _write(folder: Path, **files: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name.replace("_", ".", 1)).write_text(text)
+
+
+def test_v1_budget_is_the_limit_minus_what_cannot_be_reclaimed(tmp_path):
+    stat = "cache 600\nrss 300\nhierarchical_memory_limit 5000\ntotal_inactive_file 400\ntotal_active_file 100\n"
+    _write(tmp_path, memory_limit_in_bytes="9000", memory_usage_in_bytes="1000", memory_stat=stat)
+    cg = ram.read_cgroup(tmp_path, 1)
+    assert (cg.limit, cg.usage, cg.file_cache) == (5000, 1000, 500)  # the parent's smaller limit wins
+    assert cg.available == 5000 - (1000 - 500)
+
+
+def test_v2_budget_takes_the_smallest_limit_up_the_tree(tmp_path):
+    leaf = tmp_path / "a" / "b"
+    _write(tmp_path, memory_max="max")
+    _write(tmp_path / "a", memory_max="3000")
+    _write(leaf, memory_max="max", memory_current="1200", memory_stat="anon 700\nfile 500\n")
+    cg = ram.read_cgroup(leaf, 2, mount_root=tmp_path)
+    assert (cg.limit, cg.usage, cg.file_cache, cg.available) == (3000, 1200, 500, 3000 - 700)
+
+
+def test_no_limit_means_no_cgroup_budget(tmp_path):
+    _write(tmp_path, memory_max="max", memory_current="10", memory_stat="file 0\n")
+    assert ram.read_cgroup(tmp_path, 2, mount_root=tmp_path) is None
+    assert ram.read_cgroup(tmp_path / "missing", 1) is None
+
+
+# --- GGUF header -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("mem") / "tiny.gguf", arch="qwen2")
+
+
+def test_header_matches_gguf_reader(tiny):
+    header, reader = read_header(tiny), gguf.GGUFReader(tiny)
+    assert set(header.tensors) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        mine = header.tensors[t.name]
+        assert (mine.offset, mine.nbytes, mine.qtype, mine.shape) == (int(t.data_offset), int(t.n_bytes), int(t.tensor_type), tuple(int(d) for d in t.shape))
+    assert header.arch == "qwen2" and header.n_vocab == len(reader.fields["tokenizer.ggml.tokens"].data)
+
+
+def test_model_shape_from_header(tiny):
+    config = tiny_config("qwen2")
+    shape = ModelSize.from_gguf(tiny)
+    assert (shape.n_layers, shape.n_embd, shape.n_head, shape.n_head_kv) == (
+        config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"])
+    assert shape.head_dim == config["hidden_size"] // config["num_attention_heads"]
+    assert shape.file_bytes == tiny.stat().st_size and len(shape.layer_bytes) == shape.n_layers
+
+
+def test_header_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(OndeviceError, match="not a readable GGUF"):
+        read_header(bad)
+    with pytest.raises(OndeviceError, match="does not exist"):
+        read_header(tmp_path / "missing.gguf")
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+TARGET = ModelSize(1_117_320_768, 28, 1536, 12, 2, 128, 151936, (30_000_000,) * 28)
+DRAFTER = ModelSize(491_400_064, 24, 896, 14, 2, 64, 151936, (10_900_000,) * 24)
+
+
+def test_plan_keeps_the_target_in_ram_when_it_fits():
+    plan = plan_memory(TARGET, DRAFTER, budget=RamBudget(20 << 30, "test"), process_bytes=100 * MiB)
+    assert plan.target_in_ram and plan.bytes_read_per_pass == 0 and plan.sizes.max_tree == IN_RAM_MAX_TREE
+    assert "target in RAM" in plan.describe()
+
+
+@pytest.mark.parametrize("budget_mb", [1150, 1250, 1500])
+def test_a_target_that_does_not_fit_streams_with_the_biggest_tree_that_leaves_room(budget_mb):
+    budget = RamBudget(budget_mb * MiB, "test")
+    plan = plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=60 * MiB)
+    assert plan.streams and plan.bytes_read_per_pass == TARGET.file_bytes
+    assert plan.resident_bytes + TARGET.file_bytes + MARGIN > budget.bytes  # it really does not fit
+    assert plan.cache_room >= TARGET.streamed_window  # but the streaming window does
+    bigger = [t for t in TREE_SIZES if t > plan.sizes.max_tree]
+    if bigger:  # the next bigger tree would not have left the window
+        assert plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=60 * MiB, max_tree=bigger[-1]).sizes.max_tree < bigger[-1]
+    assert "streams from disk" in plan.describe()
+
+
+def test_buffers_grow_with_the_tree_and_the_context():
+    small, big = (context_buffers(TARGET, 4096, 512, n) for n in (16, 256))
+    assert big.output - small.output == (256 - 16) * TARGET.n_vocab * 4
+    assert context_buffers(TARGET, 8192, 512, 16).kv == 2 * small.kv
+
+
+def test_over_budget_says_so():
+    plan = plan_memory(TARGET, DRAFTER, budget=RamBudget(600 * MiB, "test"), process_bytes=60 * MiB)
+    assert plan.streams and "over budget" in plan.describe()
+
+
+# --- buffer sizes against llama.cpp's own accounting ---------------------------------------------
+
+_BUFFER_LINE = re.compile(r"CPU\s+(output|KV|compute) buffer size =\s+([\d.]+) MiB")
+
+
+def llama_reported_buffers(model_path, **context_kwargs) -> dict[str, float]:
+    """The buffer sizes llama.cpp logs when it creates a context (MiB, by kind)."""
+    from ondevice.llama_backend import LlamaContext, LlamaModel, capture_llama_log
+
+    model = LlamaModel(model_path)
+    with capture_llama_log() as lines:
+        LlamaContext(model, **context_kwargs).close()
+    model.close()
+    found = {}
+    for line in lines:
+        m = _BUFFER_LINE.search(line)
+        if m:
+            found[m[1]] = float(m[2])
+    return found
+
+
+@pytest.mark.parametrize("role,cells,ubatch,outputs,n_seq,kv", [
+    ("target", 4096, 512, 512, 256, "f32"),  # the target in RAM (as before the memory plan)
+    ("target", 4096, 256, 64, 64, "f32"),  # a streaming target, trees up to 64 nodes
+    ("drafter", 4224, 64, 64, 65, "f16"),  # its resident drafter
+])
+def test_buffer_formula_matches_llama_cpp(real_pair, role, cells, ubatch, outputs, n_seq, kv):
+    path = real_pair.target if role == "target" else real_pair.drafter
+    reported = llama_reported_buffers(path, n_ctx=cells, n_batch=max(ubatch, outputs), n_ubatch=ubatch, n_seq_max=n_seq,
+                                      n_outputs_max=outputs, kv_type=kv)
+    predicted = context_buffers(ModelSize.from_gguf(path), cells, ubatch, outputs, n_seq, kv_bytes=4 if kv == "f32" else 2)
+    assert predicted.kv / MiB == pytest.approx(reported["KV"], rel=0.01)
+    assert predicted.output / MiB >= reported["output"]  # llama.cpp reserves max(seqs, outputs) rows, some lazily
+    assert predicted.output / MiB == pytest.approx(reported["output"], rel=0.05)
+    assert predicted.compute / MiB == pytest.approx(reported["compute"], rel=0.08)
