@@ -172,7 +172,7 @@ def test_models_lists_and_rm_deletes_a_pair(fake_hub, tmp_path):
     listing = runner.invoke(app, ["models"], env={"COLUMNS": "250"})
     assert listing.exit_code == 0, listing.output
     row = next(line for line in listing.stdout.splitlines() if line.strip().startswith("hubpair"))
-    assert "Big" in row and "10 kB" in row and "5.0 kB" in row and row.rstrip().endswith("yes")
+    assert "Big" in row and "10 kB" in row and "5.0 kB" in row and " yes " in row and row.rstrip().endswith("? (unreadable GGUF header)")
     assert "mine.gguf" in listing.stdout
     refused = runner.invoke(app, ["rm", "hubpair"])  # no terminal, no --yes: nothing happens
     assert refused.exit_code == 1 and "pass --yes" in str(refused.exception)
@@ -268,3 +268,25 @@ def test_a_downloaded_quant_reference_needs_no_hub(fake_hub, tmp_path, monkeypat
     assert fake_hub.requests == []
     with pytest.raises(OndeviceError, match="cannot look up .*Q8_0: the Hugging Face Hub is offline"):
         refs.local_model(f"hf:{REPO}:Q8_0", quiet()[0])
+
+
+def test_models_says_where_the_target_would_live_by_the_memory_plan(fake_hub, tmp_path):
+    from tiny_models import write_tiny_gguf
+
+    from ondevice.cli.models_cmd import model_size, target_place
+    from ondevice.plan.memory import plan_memory
+    from ondevice.plan.ram import RamBudget
+
+    home = tmp_path / "home"
+    fake_hub.publish(REPO, "big.gguf", write_tiny_gguf(tmp_path / "t.gguf", "qwen2", seed=1).read_bytes())
+    fake_hub.publish(REPO, "small.gguf", write_tiny_gguf(tmp_path / "d.gguf", "qwen2", seed=2).read_bytes())
+    catalog(home, "big.gguf")
+    pair = load_pair("hubpair")
+    assert target_place(pair) == "?"  # not downloaded and no shape preset: nothing to plan with
+    hub.ensure_pair(pair, quiet()[0])
+    target, drafter = model_size(pair.target), model_size(pair.drafter)
+    assert target.file_bytes == (home / "models" / "big.gguf").stat().st_size and target.n_vocab == 320
+    plan = plan_memory(target, drafter, budget=RamBudget(10**12, "test"), process_bytes=0)
+    assert target_place(pair, RamBudget(10**12, "test")) == "fits in RAM"
+    tight = RamBudget(plan.resident_bytes + target.file_bytes // 2, "test")  # room for the drafter and buffers, not the target
+    assert target_place(pair, tight).startswith("streams from disk") == plan_memory(target, drafter, budget=tight).streams

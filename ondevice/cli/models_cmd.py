@@ -20,7 +20,10 @@ from ondevice.catalog.pairs import ModelFile, ModelPair, list_pairs, load_pair
 from ondevice.cli import options as opt
 from ondevice.errors import OndeviceError
 from ondevice.gguf_split import SPLIT_NAME, model_bytes
+from ondevice.plan.memory import ModelSize, plan_memory
+from ondevice.plan.ram import RamBudget, ram_budget
 from ondevice.sizes import format_bytes
+from ondevice.synthetic.shapes import find_shape
 
 
 
@@ -42,14 +45,17 @@ def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
     if as_json:
         raise OndeviceError("--json goes with --predict (the plain listing is a table).")
     console = Console()
-    table = Table(title="model pairs (* = default) · `ondevice download NAME` · `ondevice chat -m NAME`", box=box.SIMPLE, title_justify="left")
+    budget = ram_budget()
+    title = (f"model pairs (* = default) · `ondevice download NAME` · `ondevice chat -m NAME`\n"
+             f"on this machine: the target's place by the memory plan the loader uses, for {format_bytes(budget.bytes)} of RAM ({budget.source})")
+    table = Table(title=title, box=box.SIMPLE, title_justify="left")
     for column, justify in (("name", "left"), ("family", "left"), ("target", "left"), ("size", "right"),
-                            ("drafter", "left"), ("size ", "right"), ("downloaded", "left")):
-        table.add_column(column, justify=justify, no_wrap=column != "target", overflow="fold")
+                            ("drafter", "left"), ("size ", "right"), ("downloaded", "left"), ("on this machine", "left")):
+        table.add_column(column, justify=justify, no_wrap=column not in ("target", "on this machine"), overflow="fold")
     for pair in sorted(list_pairs(), key=lambda p: (not p.default, p.family, _bytes(p.target) or 0, p.name)):
         table.add_row(
             pair.name + (" *" if pair.default else ""), pair.family, pair.target.label, _size_text(pair.target),
-            pair.drafter.label, _size_text(pair.drafter), _download_state(pair),
+            pair.drafter.label, _size_text(pair.drafter), _download_state(pair), target_place(pair, budget),
         )
     console.print(table)
     others = other_models()
@@ -88,6 +94,32 @@ def rm(
     for path in doomed:
         hub.remove_path(path)
     console.print(f"deleted {len(doomed)} files ({format_bytes(size)}) of {name}", markup=False, highlight=False)
+
+
+def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 4096) -> str:
+    """Where the pair's target would live here, by plan/memory.py: in RAM, or streamed from disk.
+    Sizes from the downloaded files' headers, else from the catalog's shape preset and size."""
+    try:
+        target, drafter = model_size(pair.target), model_size(pair.drafter)
+    except OndeviceError:  # a downloaded file whose header cannot be read: the listing goes on
+        return "? (unreadable GGUF header)"
+    if target is None:
+        return "?"
+    plan = plan_memory(target, drafter, n_ctx=n_ctx, budget=budget)
+    if plan.target_in_ram:
+        return "fits in RAM"
+    over = " (over budget: heavy paging)" if plan.notes else ""
+    return f"streams from disk, {format_bytes(plan.bytes_read_per_pass)} per pass{over}"
+
+
+def model_size(model: ModelFile) -> ModelSize | None:
+    """What the memory plan needs of a model: its GGUF header if downloaded, else its shape preset."""
+    if hub.is_downloaded(model):
+        return ModelSize.from_gguf(hub.local_path(model))
+    size = model.size or model.approx_size
+    if model.shape is None or size is None:
+        return None
+    return ModelSize.from_shape(find_shape(model.shape), size)
 
 
 def files_to_remove(pair: ModelPair) -> tuple[list[Path], list[tuple[Path, list[str]]]]:
