@@ -290,3 +290,30 @@ def test_models_says_where_the_target_would_live_by_the_memory_plan(fake_hub, tm
     assert target_place(pair, RamBudget(10**12, "test")) == "fits in RAM"
     tight = RamBudget(plan.resident_bytes + target.file_bytes // 2, "test")  # room for the drafter and buffers, not the target
     assert target_place(pair, tight).startswith("streams from disk") == plan_memory(target, drafter, budget=tight).streams
+
+
+def test_models_gpu_column_is_the_loaders_placement(fake_hub, tmp_path, monkeypatch):
+    """The placement the torch loader would make (plan_offload), here on a CPU "device" with a budget
+    that keeps 3 of 8 layers: what `ondevice models` shows on a GPU machine."""
+    import torch
+    import tiny_models
+
+    from ondevice.cli.models_cmd import gpu_place
+    from ondevice.offload.target import plan_offload
+    from ondevice.protocols import MAX_BUDGET
+
+    home = tmp_path / "home"
+    monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 8)
+    fake_hub.publish(REPO, "big.gguf", tiny_models.write_tiny_gguf(tmp_path / "t.gguf", "qwen2", seed=1).read_bytes())
+    fake_hub.publish(REPO, "small.gguf", b"x")
+    catalog(home, "big.gguf")
+    target = load_pair("hubpair").target
+    assert gpu_place(target, "cpu") == "planned once downloaded"
+    hub.ensure_file(target, quiet()[0])
+    everything = plan_offload(hub.local_path(target), "cpu", torch.float32, 4096, "1TB", "1TB", max_tree=MAX_BUDGET)
+    layer = max(layout.decoded_bytes for layout in everything.layouts.values())
+    moved = max(layout.nbytes for layout in everything.layouts.values())
+    budget = everything.resident_bytes + 2 * moved + layer + 3 * layer  # ring slots, decode scratch, 3 layers
+    shown = gpu_place(target, "cpu", str(budget), "1TB")
+    assert shown.startswith("8 layers: 3 on CPU, 5 streamed from RAM, 0 from disk; ")
+    assert shown == plan_offload(hub.local_path(target), "cpu", torch.float32, 4096, str(budget), "1TB", max_tree=MAX_BUDGET).placement.describe()

@@ -52,10 +52,12 @@ def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
     for column, justify in (("name", "left"), ("family", "left"), ("target", "left"), ("size", "right"),
                             ("drafter", "left"), ("size ", "right"), ("downloaded", "left"), ("on this machine", "left")):
         table.add_column(column, justify=justify, no_wrap=column not in ("target", "on this machine"), overflow="fold")
+    gpu = _has_gpu()
     for pair in sorted(list_pairs(), key=lambda p: (not p.default, p.family, _bytes(p.target) or 0, p.name)):
+        place = target_place(pair, budget) + (f"; GPU: {gpu_place(pair.target)}" if gpu else "")
         table.add_row(
             pair.name + (" *" if pair.default else ""), pair.family, pair.target.label, _size_text(pair.target),
-            pair.drafter.label, _size_text(pair.drafter), _download_state(pair), target_place(pair, budget),
+            pair.drafter.label, _size_text(pair.drafter), _download_state(pair), place,
         )
     console.print(table)
     others = other_models()
@@ -110,6 +112,31 @@ def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 
         return "fits in RAM"
     over = " (over budget: heavy paging)" if plan.notes else ""
     return f"streams from disk, {format_bytes(plan.bytes_read_per_pass)} per pass{over}"
+
+
+def gpu_place(model: ModelFile, device: str = "cuda", gpu_memory: str | None = None, ram_memory: str | None = None,
+              n_ctx: int = 4096) -> str:
+    """How the torch target would place a downloaded target's layers on the GPU: the loader's own
+    plan (offload.target.plan_offload, default budgets: free GPU memory and available RAM)."""
+    if not hub.is_downloaded(model):
+        return "planned once downloaded"
+    import torch
+
+    from ondevice.offload.target import plan_offload
+    from ondevice.protocols import MAX_BUDGET
+    from ondevice.target.torch_target import default_dtype
+
+    try:
+        plan = plan_offload(hub.local_path(model), device, default_dtype(torch.device(device)), n_ctx, gpu_memory, ram_memory, max_tree=MAX_BUDGET)
+    except OndeviceError as err:  # an architecture the torch target does not run, a budget too small
+        return str(err)
+    return plan.placement.describe()
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def model_size(model: ModelFile) -> ModelSize | None:
