@@ -268,6 +268,14 @@ def test_a_downloaded_quant_reference_needs_no_hub(fake_hub, tmp_path, monkeypat
     assert fake_hub.requests == []
     with pytest.raises(OndeviceError, match="cannot look up .*Q8_0: the Hugging Face Hub is offline"):
         refs.local_model(f"hf:{REPO}:Q8_0", quiet()[0])
+    stat = path.stat()
+    path.write_bytes(bytes(1000))  # corrupted in place, same size and date: only a rehash can tell
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert refs.local_model(f"hf:{REPO}:Q4_K_M", quiet()[0]) == path  # the marker still matches
+    # --force rehashes against the recorded digest, with no hub: the bad file goes
+    with pytest.raises(OndeviceError, match="the Hugging Face Hub is offline"):
+        refs.local_model(f"hf:{REPO}:Q4_K_M", quiet()[0], force=True)
+    assert not path.exists()
 
 
 def test_models_says_where_the_target_would_live_by_the_memory_plan(fake_hub, tmp_path):

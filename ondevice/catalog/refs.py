@@ -66,8 +66,9 @@ def model_file(ref: HfRef) -> ModelFile:
     )
 
 
-def local_model(text: str, console: Console | None = None) -> Path:
-    """The local path of the model a --target/--drafter value names, downloading an hf: one if needed."""
+def local_model(text: str, console: Console | None = None, force: bool = False) -> Path:
+    """The local path of the model a --target/--drafter value names, downloading an hf: one if needed.
+    force: rehash a downloaded hf: file against its recorded digest (and download it again if bad)."""
     if not is_hf(text):
         path = Path(text).expanduser().resolve()
         if not path.is_file():
@@ -75,9 +76,9 @@ def local_model(text: str, console: Console | None = None) -> Path:
         return path
     ref = parse_hf(text)
     here = downloaded(ref)
-    if here is not None:  # no network needed for a file we already have
+    if here is not None and not force:  # no network needed for a file we already have
         return hub.local_path(here)
-    return hub.ensure_file(model_file(ref), console, announce_cached=False)
+    return hub.ensure_file(here or model_file(ref), console, force=force, announce_cached=False)
 
 
 def downloaded(ref: HfRef) -> ModelFile | None:

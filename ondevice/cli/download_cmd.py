@@ -45,14 +45,14 @@ def download(
     if pair is not None and refs.is_hf(pair):
         if target or drafter:
             raise OndeviceError("give either an hf: reference or --target/--drafter, not both.")
-        typer.echo(f"model    {refs.local_model(pair, status_console)}")
+        typer.echo(f"model    {refs.local_model(pair, status_console, force=force)}")
         return
     for flag, ref in (("--target", target), ("--drafter", drafter)):
         if ref is not None:
             refs.check(ref, flag)
     model_pair = load_pair(pair)
     paths = {
-        role: refs.local_model(ref, status_console) if ref else hub.ensure_file(model, status_console, force=force)
+        role: refs.local_model(ref, status_console, force=force) if ref else hub.ensure_file(model, status_console, force=force)
         for role, ref, model in (("target", target, model_pair.target), ("drafter", drafter, model_pair.drafter))
     }
     typer.echo(f"target   {paths['target']}")  # plain lines (never wrapped) for scripts
