@@ -26,7 +26,9 @@ from ondevice.sizes import parse_size
 from ondevice.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
 
-TARGET_BACKENDS = ("auto", "torch", "llama")
+TARGET_BACKENDS = ("auto", "torch", "llama", "onnx")
+DRAFTER_BACKENDS = ("auto", "llama", "onnx")
+CPU_BACKENDS = ("llama", "onnx")  # what the profile compares on a CPU (`ondevice profile`), and auto picks among
 
 
 @dataclass
@@ -35,6 +37,7 @@ class LoadOptions:
     target: str | None = None  # a GGUF file or hf:owner/repo[:QUANT | /file.gguf] instead of the pair's target
     drafter: str | None = None  # the same for the drafter; default: the pair's, or one found automatically
     target_backend: str = "auto"
+    drafter_backend: str = "auto"
     draft: bool = True
     vocab_trim: bool = True
     threads: int | None = None
@@ -48,6 +51,8 @@ class LoadOptions:
         """These options, or an OndeviceError naming the bad one: checked before anything is downloaded."""
         if self.target_backend not in TARGET_BACKENDS:
             raise OndeviceError(f"unknown target backend {self.target_backend!r}; choose one of {', '.join(TARGET_BACKENDS)}.")
+        if self.drafter_backend not in DRAFTER_BACKENDS:
+            raise OndeviceError(f"unknown drafter backend {self.drafter_backend!r}; choose one of {', '.join(DRAFTER_BACKENDS)}.")
         for flag, size in (("--gpu-memory", self.gpu_memory), ("--ram-memory", self.ram_memory)):
             if size is not None and parse_size(size) <= 0:
                 raise OndeviceError(f"{flag} must be more than 0 bytes (got {size!r}).")
@@ -163,6 +168,10 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int):
         from ondevice.target.llama_target import LlamaTarget
 
         return LlamaTarget(path, n_ctx=opts.n_ctx, threads=threads)
+    if backend == "onnx":
+        from ondevice.target.onnx_target import OnnxTarget
+
+        return OnnxTarget.from_gguf(path, n_ctx=opts.n_ctx, threads=threads)
     import torch
 
     from ondevice.target.torch_target import TorchTarget
@@ -176,6 +185,39 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int):
             max_tree=_largest_tree(device.startswith("cuda")),
         )
     return TorchTarget.from_gguf(path, device=device, n_ctx=opts.n_ctx, threads=threads)
+
+
+def _load_drafter(backend: str, path, opts: LoadOptions, threads: int, target_vocab: int | None = None, vocab_trim: bool | None = None):
+    vocab_trim = opts.vocab_trim if vocab_trim is None else vocab_trim
+    if backend == "onnx":
+        from ondevice.draft.onnx_drafter import OnnxDrafter
+
+        return OnnxDrafter(path, n_ctx=opts.n_ctx, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab)
+    from ondevice.draft.llama_drafter import LlamaDrafter
+
+    return LlamaDrafter(path, n_ctx=opts.n_ctx, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab)
+
+
+def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str, str]:
+    """(target backend, drafter backend): what was asked for, else the fastest pair this machine has
+    measured for the pair (plan/backends.py, from the saved profile), else llama.cpp on a CPU and
+    torch on a GPU. `ondevice profile` measures every backend, so auto can choose after it."""
+    target = None if opts.target_backend == "auto" else opts.target_backend
+    drafter = None if opts.drafter_backend == "auto" else opts.drafter_backend
+    if target is None and pick_backend("auto") == "torch":
+        target = "torch"  # a GPU: the offloaded torch target (its profile is another key)
+    if target is None or drafter is None:
+        from ondevice.plan.acceptance import AcceptanceTracker
+        from ondevice.plan.backends import best_backends
+        from ondevice.plan.profile import load_profile
+        from ondevice.plan.hardware import machine_facts
+        from ondevice.paths import home
+
+        saved = load_profile(machine_facts(home()), _profile_backends(models, target or "llama", drafter or "llama", threads, opts))
+        choice = best_backends(saved, AcceptanceTracker.load(models.name).p_rank, target, drafter)
+        if choice is not None:
+            target, drafter = target or choice.target, drafter or choice.drafter
+    return target or pick_backend("auto"), drafter or "llama"
 
 
 def _largest_tree(on_gpu: bool) -> int:
@@ -194,19 +236,18 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
     models = choose(opts.pair, opts.target, opts.drafter, opts.draft)  # downloads on first use
     threads = opts.threads or default_threads()
     tokenizer = Tokenizer(models.target)
+    backend, drafter_backend = pick_backends(opts, models, threads)
     drafter = None
     if models.drafter is not None:
-        from ondevice.draft.llama_drafter import LlamaDrafter
-
         check_same_vocab(tokenizer, Tokenizer(models.drafter))
-        drafter = LlamaDrafter(models.drafter, n_ctx=opts.n_ctx, threads=threads, vocab_trim=opts.vocab_trim, target_vocab=tokenizer.n_vocab)
-    backend = pick_backend(opts.target_backend)
+        drafter = _load_drafter(drafter_backend, models.drafter, opts, threads, target_vocab=tokenizer.n_vocab)
     target = _load_target(backend, models.target, opts, threads)
-    backends = _profile_backends(models, backend, threads, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
+    backends = _profile_backends(models, backend, drafter_backend, threads, opts, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU both would fight for the cores
     engine = SpecEngine(target, _with_lookup(drafter, target.n_vocab, opts.draft), tokenizer.is_end, overlap=overlap)
-    placement = target.placement_summary() if backend == "torch" else "all layers on CPU (llama.cpp)"
-    return Pipeline(models, tokenizer, engine, backend, placement=placement, info={"threads": threads}, backends=backends)
+    placement = target.placement_summary() if backend in ("torch", "onnx") else "all layers on CPU (llama.cpp)"
+    info = {"threads": threads, "drafter_backend": drafter_backend if drafter else None}
+    return Pipeline(models, tokenizer, engine, backend, placement=placement, info=info, backends=backends)
 
 
 def _with_lookup(drafter, n_vocab: int, draft: bool = True):
@@ -230,42 +271,43 @@ def backend_label(backend: str, threads: int) -> str:
 
 def load_model_file(path, role: str, opts: LoadOptions):
     """(backend label, model) for one GGUF alone, no pair: the target (chosen and placed as a pair's
-    would be) or the drafter (`role` "drafter": LlamaDrafter, full vocabulary, as profiled)."""
+    would be) or the drafter (`role` "drafter": --drafter-backend, llama.cpp for auto; full vocabulary)."""
     opts.checked()
     threads = opts.threads or default_threads()
     if role == "drafter":
-        from ondevice.draft.llama_drafter import LlamaDrafter
-
-        return backend_label("llama", threads), LlamaDrafter(path, n_ctx=opts.n_ctx, threads=threads)
+        backend = "llama" if opts.drafter_backend == "auto" else opts.drafter_backend
+        return backend_label(backend, threads), _load_drafter(backend, path, opts, threads, vocab_trim=False)
     backend = pick_backend(opts.target_backend)
     return backend_label(backend, threads), _load_target(backend, path, opts, threads)
 
 
-def _profile_backends(models: Models, backend: str, threads: int, make_target, make_decode_batch):
+def _profile_backends(models: Models, target: str, drafter: str, threads: int, opts: LoadOptions, make_target=None, make_decode_batch=None):
+    """What the profile measures: the loaded target and drafter (factories given), and the other
+    CPU backends `ondevice profile` compares them with. One profile file per pair and machine setup
+    ("cpu-t2", "cuda-t16"): every backend's curves live in it."""
     from ondevice.plan.profile import ProfileBackends
     import torch
 
-    on_gpu = backend == "torch" and torch.cuda.is_available()
+    on_gpu = target == "torch" and torch.cuda.is_available()
     files = [(models.target, models.target_sha256)] + ([(models.drafter, models.drafter_sha256)] if models.drafter else [])
+    others_t = {name: (lambda name=name: _load_target(name, models.target, opts, threads)) for name in CPU_BACKENDS if name != target}
+    others_d = {} if models.drafter is None else {
+        name: (lambda name=name: _load_drafter(name, models.drafter, opts, threads).probe_batch) for name in CPU_BACKENDS if name != drafter
+    }  # fmt: skip
     return ProfileBackends(
-        pair=models.name, backend=backend_label(backend, threads), model_files=files,
-        make_target=make_target, make_decode_batch=make_decode_batch, overlap_possible=on_gpu,
-        max_tree=_largest_tree(on_gpu),
-    )
+        pair=models.name, backend=backend_label(target, threads), model_files=files,
+        make_target=make_target or (lambda: _load_target(target, models.target, opts, threads)),
+        make_decode_batch=make_decode_batch if make_decode_batch or models.drafter is None else (lambda: _load_drafter(drafter, models.drafter, opts, threads).probe_batch),
+        overlap_possible=on_gpu, max_tree=_largest_tree(on_gpu), target_name=target, drafter_name=drafter,
+        other_targets={} if on_gpu else others_t, other_drafters=others_d, key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}",
+    )  # fmt: skip
 
 
 def load_backends(opts: LoadOptions):
-    """What `ondevice profile` measures: the pair's files and factories for its target and drafter."""
+    """What `ondevice profile` measures: the pair's files, the backends a chat would load, the others."""
     opts.checked()
     models = choose(opts.pair, opts.target, opts.drafter, draft=True)
     if models.drafter is None:
         raise OndeviceError("`ondevice profile` measures a target and its drafter: pass --drafter FILE.")
     threads = opts.threads or default_threads()
-    backend = pick_backend(opts.target_backend)
-
-    def make_decode_batch():
-        from ondevice.draft.llama_drafter import LlamaDrafter
-
-        return LlamaDrafter(models.drafter, n_ctx=opts.n_ctx, threads=threads).probe_batch
-
-    return _profile_backends(models, backend, threads, lambda: _load_target(backend, models.target, opts, threads), make_decode_batch)
+    return _profile_backends(models, *pick_backends(opts, models, threads), threads, opts)

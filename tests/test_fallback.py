@@ -126,7 +126,7 @@ def test_replay_learns_copying_and_not_prose():
 def test_planner_replays_target_only_answers_then_switches_to_lookup(tmp_path, monkeypatch):
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     profile = SimpleNamespace(curves=Curves(CPU_TARGET, SLOW_DRAFTER), overlap_possible=False)
-    monkeypatch.setattr(autoplan, "get_profile", lambda backends, refresh=False, show=True: (profile, True))
+    monkeypatch.setattr(autoplan, "get_profile", lambda backends, **options: (profile, True))
     planner = autoplan.AutoPlanner(SimpleNamespace(pair="toy"))
     assert planner.spec(Sampling()) is None and "using the target alone" in planner.plan.fallback_reason
     prompt = SNIPPET + [7000, 7001]

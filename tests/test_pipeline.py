@@ -48,7 +48,7 @@ def fake_profile(backends, curves: Curves):
 
 
 def test_planner_learns_only_from_the_answers_it_planned(tiny_home, monkeypatch):
-    monkeypatch.setattr(autoplan, "get_profile", lambda backends, refresh=False, show=True: (fake_profile(backends, Curves(FLAT_TARGET, PER_LEVEL_DRAFTER)), True))
+    monkeypatch.setattr(autoplan, "get_profile", lambda backends, **options: (fake_profile(backends, Curves(FLAT_TARGET, PER_LEVEL_DRAFTER)), True))
     seen = []  # (plan depth, tree depth) of every tree the planner observed
     observe = autoplan.AutoPlanner.observe
     monkeypatch.setattr(autoplan.AutoPlanner, "observe", lambda self, tree, path: (seen.append((self.plan.depth, tree.depths.max())), observe(self, tree, path)))
@@ -79,7 +79,7 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
     from ondevice.pipeline import LoadOptions, load_backends
 
     steep = Curves(curve({1: 0.087, 2: 0.129, 4: 0.180, 8: 0.264, 16: 0.275}), curve({1: 0.120, 64: 0.900}))
-    monkeypatch.setattr(autoplan, "get_profile", lambda backends, refresh=False, show=True: (fake_profile(backends, steep), True))
+    monkeypatch.setattr(autoplan, "get_profile", lambda backends, **options: (fake_profile(backends, steep), True))
     copying = LookupTracker(decay=1.0)
     for _ in range(300):  # every round matched, 6 levels at risk, all accepted
         copying.observe_round(True, 6, 6)

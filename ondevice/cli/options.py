@@ -45,7 +45,8 @@ DrafterModel = Annotated[
     typer.Option("--drafter", help="Your own drafter (GGUF file or hf: reference). Default: the pair's, or for --target one with the same tokenizer, found automatically."),
 ]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Target alone: same code path, no drafter.")]
-TargetBackend = Annotated[str, typer.Option("--target-backend", help="torch (our PyTorch target; GPU offload) or llama (llama.cpp GGUF target), or auto.")]
+TargetBackend = Annotated[str, typer.Option("--target-backend", help="llama (llama.cpp), onnx (ONNX Runtime, CPU: 4/8-bit MatMulNBits, fast on batched passes), torch (our PyTorch model; GPU offload), or auto: the fastest this machine measured (`ondevice profile`), else llama on a CPU, torch on a GPU.")]
+DrafterBackend = Annotated[str, typer.Option("--drafter-backend", help="llama (llama.cpp) or onnx (ONNX Runtime) for the drafter, or auto: the fastest this machine measured (`ondevice profile`), else llama.")]
 VocabTrim = Annotated[bool, typer.Option("--vocab-trim/--no-vocab-trim", help="Draft with the trimmed-vocabulary drafter when one is built.")]
 GpuMemory = Annotated[Optional[str], typer.Option("--gpu-memory", help="GPU memory budget for the target, e.g. 6GiB (default: free minus a margin).")]
 RamMemory = Annotated[Optional[str], typer.Option("--ram-memory", help="RAM budget for streamed layers, e.g. 8GiB; the rest streams from disk.")]
@@ -61,6 +62,7 @@ LOAD_PARAMETERS = [  # name, annotation, default
     ("target", TargetModel, None),
     ("drafter", DrafterModel, None),
     ("target_backend", TargetBackend, "auto"),
+    ("drafter_backend", DrafterBackend, "auto"),
     ("no_draft", NoDraft, False),
     ("vocab_trim", VocabTrim, True),
     ("threads", Threads, None),
@@ -78,7 +80,8 @@ def default_model(model: str | None) -> str | None:
 def load_options_from(values: dict) -> LoadOptions:
     """The CLI's spelling of the load options → a checked LoadOptions (OndeviceError if bad)."""
     return LoadOptions(
-        pair=default_model(values["model"]), target=values["target"], drafter=values["drafter"], target_backend=values["target_backend"], draft=not values["no_draft"],
+        pair=default_model(values["model"]), target=values["target"], drafter=values["drafter"], target_backend=values["target_backend"],
+        drafter_backend=values["drafter_backend"], draft=not values["no_draft"],
         vocab_trim=values["vocab_trim"], threads=values["threads"], n_ctx=values["ctx"],
         gpu_memory=values["gpu_memory"], ram_memory=values["ram_memory"], overlap=values["overlap"],
     ).checked()

@@ -1,9 +1,11 @@
 """`ondevice profile`: what this machine is, what it measured, and the draft plan that follows.
 
-The first run for a model pair measures (minutes: it loads the target and the drafter); later runs
-show the saved profile until the hardware or the model files change, or `--refresh` is given.
-The plan shown is the one `ondevice chat` starts with: the same AutoPlanner, with the acceptance
-and prompt-lookup estimates learned so far, its fallbacks, and no overhead measured yet.
+The first run for a model pair measures (minutes: it loads the target and the drafter, on a CPU
+with every backend: llama.cpp and ONNX Runtime, in the same run); later runs show the saved profile
+until the hardware or the model files change, or `--refresh` is given. The plan shown is the one
+`ondevice chat` starts with: the same AutoPlanner, with the acceptance and prompt-lookup estimates
+learned so far, its fallbacks, and no overhead measured yet; the backends table says which pair
+of backends `--target-backend auto --drafter-backend auto` picks from these curves.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
 from ondevice.pipeline import LoadOptions, load_backends
 from ondevice.plan.auto import AutoPlanner
+from ondevice.plan.backends import BackendOption, backend_options
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.profile import Profile, ProfileBackends, profile_path
 
@@ -52,15 +55,21 @@ def _downloaded(pair) -> bool:
 
 def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool = False, out: Console = console) -> Profile:
     """Measure (or reuse) the profile for these backends and print it as tables or one JSON object."""
-    planner = AutoPlanner(backends, show=not as_json, refresh=refresh)
+    planner = AutoPlanner(backends, show=not as_json, refresh=refresh, compare=True)
     prof, reused, p_rank = planner.profile, planner.reused, planner.tracker.p_rank
     plan = planner.choose()
+    options = backend_options(prof, p_rank)
     if as_json:
-        record = {**prof.to_dict(), "reused": reused, "p_rank": p_rank.round(4).tolist(), "plan": plan_as_dict(plan)}
+        record = {**prof.to_dict(), "reused": reused, "p_rank": p_rank.round(4).tolist(), "plan": plan_as_dict(plan),
+                  "backend_options": [{"target": o.target, "drafter": o.drafter, "plan": plan_as_dict(o.plan)} for o in options]}  # fmt: skip
         out.file.write(json.dumps(record) + "\n")  # verbatim: no Rich markup or wrapping
         return prof
     out.print(machine_table(prof))
     out.print(curves_table(prof))
+    if len(options) > 1:
+        out.print(backends_table(options, backends))
+    for what, why in prof.skipped.items():
+        out.print(f"[yellow]{what} not measured:[/] {why}")
     out.print(plan_line(plan))
     how = "saved profile" if reused else f"measured in {prof.measure_seconds:.0f}s"
     path = profile_path(prof.machine.fingerprint(), prof.pair, prof.backend)
@@ -101,15 +110,26 @@ def machine_table(prof: Profile) -> Table:
 
 
 def curves_table(prof: Profile) -> Table:
-    target, drafter = prof.curves.target, prof.curves.drafter
+    """One column per measured backend: target pass vs tokens, draft call vs batch (same run)."""
     table = Table(title=f"latency: {prof.pair} ({prof.backend})", title_justify="left")
-    for name in ("n", "target pass", "target ms/token", "draft call (batch n)"):
-        table.add_column(name, justify="right")
-    for n in sorted(set(target.ns) | set(drafter.ns)):
-        t = _ms(target(n)) if n in target.ns else ""
-        per_token = f"{target(n) * 1e3 / n:.2f}" if n in target.ns else ""
-        d = _ms(drafter(n)) if n in drafter.ns else ""
-        table.add_row(str(n), t, per_token, d)
+    table.add_column("n", justify="right")
+    columns = [(f"target {name}", c) for name, c in prof.targets.items()] + [(f"draft {name} (batch n)", c) for name, c in prof.drafters.items()]
+    for title, _ in columns:
+        table.add_column(title, justify="right")
+    for n in sorted(set().union(*(c.ns for _, c in columns))):
+        table.add_row(str(n), *(_ms(c(n)) if n in c.ns else "" for _, c in columns))
+    return table
+
+
+def backends_table(options: list[BackendOption], backends: ProfileBackends) -> Table:
+    """Each measured pair of backends with its best plan; auto takes the first row."""
+    table = Table(title="backends (auto takes the first row)", title_justify="left")
+    for name in ("target", "drafter", "plan", "tok/s predicted", ""):
+        table.add_column(name, justify="right" if name == "tok/s predicted" else "left")
+    for o in options:
+        what = "target alone" if o.plan.budget == 0 else f"{o.plan.builder} @{o.plan.budget}"
+        loaded = "(profiled as loaded)" if (o.target, o.drafter) == (backends.target_name, backends.drafter_name) else ""
+        table.add_row(o.target, o.drafter, what, f"{o.tokens_per_second:.1f}", loaded)
     return table
 
 

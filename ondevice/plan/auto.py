@@ -21,9 +21,10 @@ CPU_MAX_TREE = 256  # on a CPU target the pass cost grows steeply; never worth p
 
 
 class AutoPlanner:
-    def __init__(self, backends: ProfileBackends, show: bool = True, refresh: bool = False):
+    def __init__(self, backends: ProfileBackends, show: bool = True, refresh: bool = False, compare: bool = False):
+        """compare: also measure the backends not loaded (`ondevice profile`), for plan/backends.py."""
         self.backends = backends
-        self.profile, self.reused = get_profile(backends, refresh=refresh, show=show)
+        self.profile, self.reused = get_profile(backends, refresh=refresh, show=show, compare=compare)
         self.tracker = AcceptanceTracker.load(backends.pair)
         self.lookup = LookupTracker.load(backends.pair)
         self.overhead_per_pass = 0.0

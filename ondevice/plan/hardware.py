@@ -285,7 +285,8 @@ def _time_calls(label: str, sizes: Sequence[int], call: Callable[[int], None], r
 
 
 def measure_target_curve(
-    target, ns: Sequence[int] | None = None, context_tokens: int = 64, repeats: int = 2, show: bool = True
+    target, ns: Sequence[int] | None = None, context_tokens: int = 64, repeats: int = 2, show: bool = True,
+    label: str = "target pass vs tokens",
 ) -> LatencyCurve:
     """Target pass latency vs tree size: forward_tree over a chain of n nodes on a short context.
 
@@ -307,14 +308,15 @@ def measure_target_curve(
         target.truncate(base)
 
     try:
-        return _time_calls("target pass vs tokens", ns, one_pass, repeats, show)
+        return _time_calls(label, ns, one_pass, repeats, show)
     finally:
         target.truncate(start)
 
 
 def measure_drafter_curve(
-    decode_batch: Callable[[int], None], batch_sizes: Sequence[int] = powers_of_two(128), repeats: int = 3, show: bool = True
+    decode_batch: Callable[[int], None], batch_sizes: Sequence[int] = powers_of_two(128), repeats: int = 3, show: bool = True,
+    label: str = "draft call vs batch",
 ) -> LatencyCurve:
     """Drafter latency of one decode call vs batch size; `decode_batch(n)` runs one call of n tokens
     (and undoes its cache effects), e.g. LlamaDrafter's."""
-    return _time_calls("draft call vs batch", tuple(batch_sizes), decode_batch, repeats, show)
+    return _time_calls(label, tuple(batch_sizes), decode_batch, repeats, show)

@@ -1,8 +1,13 @@
 """Profiles: what this machine measured for one model pair, kept as JSON and reused.
 
 A profile = machine facts + bandwidths + latency curves (target pass vs tokens, draft call vs
-batch), saved at `<home>/profiles/<machine fingerprint>-<pair>-<backend>.json`. It is reused until
-the hardware fingerprint or a model file (size, sha256) changes, or the user asks for `--refresh`.
+batch) of every backend measured so far (llama.cpp, ONNX Runtime, torch), saved at
+`<home>/profiles/<machine fingerprint>-<pair>-<key>.json` (key: e.g. "cpu-t2", what the curves
+depend on besides the backend). It is reused until the hardware fingerprint or a model file
+(size, sha256) changes, or the user asks for `--refresh`; a backend not measured yet is measured
+when it is first needed and added. `curves` are those of the backends the pipeline loaded;
+`targets`/`drafters` hold all, so the planner can compare backends as it compares trees
+(plan/backends.py).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -17,6 +23,7 @@ from typing import Callable
 from ondevice.plan.hardware import (
     Bandwidths,
     Curves,
+    LatencyCurve,
     MachineFacts,
     machine_facts,
     measure_disk_read,
@@ -26,10 +33,11 @@ from ondevice.plan.hardware import (
     measure_target_curve,
     powers_of_two,
 )
+from ondevice.errors import OndeviceError
 from ondevice.paths import home, write_json
 from ondevice.protocols import MAX_BUDGET
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: curves of every backend measured
 
 
 def file_identity(path: Path, sha256: str | None = None) -> dict:
@@ -50,6 +58,16 @@ class ProfileBackends:
     make_decode_batch: Callable[[], Callable[[int], None]]  # -> one drafter call over a batch of n tokens
     overlap_possible: bool = False  # drafter (CPU) and target (GPU) can run at the same time
     max_tree: int = MAX_BUDGET  # largest target pass to time (CPU targets: smaller, their curve is steep)
+    target_name: str = "target"  # the target backend make_target builds: "llama", "onnx", "torch"
+    drafter_name: str = "drafter"  # the drafter backend make_decode_batch runs: "llama", "onnx"
+    # the other backends `ondevice profile` compares: name -> factory, as make_target / make_decode_batch
+    other_targets: dict[str, Callable[[], object]] = field(default_factory=dict)
+    other_drafters: dict[str, Callable[[], Callable[[int], None]]] = field(default_factory=dict)
+    key: str | None = None  # names the profile file with the pair (default: backend)
+
+    @property
+    def profile_key(self) -> str:
+        return self.key or self.backend
 
 
 @dataclass
@@ -58,24 +76,34 @@ class Profile:
     backend: str
     machine: MachineFacts
     bandwidths: Bandwidths
-    curves: Curves
+    curves: Curves | None  # the loaded backends' (get_profile sets them)
     model_files: list[dict]  # file_identity() of each model file
     overlap_possible: bool = False
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     measure_seconds: float = 0.0
+    targets: dict[str, LatencyCurve] = field(default_factory=dict)  # every target backend measured, by name
+    drafters: dict[str, LatencyCurve] = field(default_factory=dict)  # every drafter backend measured
+    skipped: dict[str, str] = field(default_factory=dict)  # "target onnx" -> why it could not be measured
+
+    def curves_for(self, target: str, drafter: str) -> Curves:
+        return Curves(self.targets[target], self.drafters[drafter])
 
     def to_dict(self) -> dict:
+        curves = lambda named: {name: c.to_dict() for name, c in named.items()}  # noqa: E731
         return {"format": FORMAT_VERSION, "pair": self.pair, "backend": self.backend, "fingerprint": self.machine.fingerprint(),
                 "machine": asdict(self.machine), "bandwidths": asdict(self.bandwidths), "curves": self.curves.to_dict(),
+                "targets": curves(self.targets), "drafters": curves(self.drafters), "skipped": self.skipped,
                 "model_files": self.model_files, "overlap_possible": self.overlap_possible,
-                "created": self.created, "measure_seconds": self.measure_seconds}
+                "created": self.created, "measure_seconds": self.measure_seconds}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
         if d.get("format") != FORMAT_VERSION:
             raise ValueError(f"profile format {d.get('format')} is not {FORMAT_VERSION}")
+        curves = lambda named: {name: LatencyCurve.from_dict(c) for name, c in named.items()}  # noqa: E731
         return cls(d["pair"], d["backend"], MachineFacts.from_dict(d["machine"]), Bandwidths(**d["bandwidths"]),
-                   Curves.from_dict(d["curves"]), d["model_files"], d["overlap_possible"], d["created"], d["measure_seconds"])
+                   Curves.from_dict(d["curves"]), d["model_files"], d["overlap_possible"], d["created"], d["measure_seconds"],
+                   curves(d["targets"]), curves(d["drafters"]), d.get("skipped", {}))  # fmt: skip
 
 
 def profile_path(fingerprint: str, pair: str, backend: str) -> Path:
@@ -88,7 +116,7 @@ def save_profile(profile: Profile) -> Path:
 
 def load_profile(facts: MachineFacts, backends: ProfileBackends) -> Profile | None:
     """The saved profile if it still describes this machine and these model files, else None."""
-    path = profile_path(facts.fingerprint(), backends.pair, backends.backend)
+    path = profile_path(facts.fingerprint(), backends.pair, backends.profile_key)
     try:
         profile = Profile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
@@ -99,8 +127,9 @@ def load_profile(facts: MachineFacts, backends: ProfileBackends) -> Profile | No
     return profile
 
 
-def measure_profile(backends: ProfileBackends, show: bool = True, context_tokens: int = 64) -> Profile:
-    """Measure everything (minutes for a large target): facts, bandwidths, then each curve."""
+def measure_profile(backends: ProfileBackends, show: bool = True, compare: bool = False, context_tokens: int = 64) -> Profile:
+    """Measure everything (minutes for a large target): facts, bandwidths, then each backend's curve
+    (the loaded ones; with `compare`, the other backends too, in the same run)."""
     t0 = time.perf_counter()
     facts = machine_facts(home())
     target_file = Path(backends.model_files[0][0])
@@ -108,32 +137,66 @@ def measure_profile(backends: ProfileBackends, show: bool = True, context_tokens
     disk = measure_disk_read(target_file)
     ram = measure_ram_bandwidth()
     h2d, d2h = measure_pinned_bandwidth() if facts.gpus else (None, None)
-
-    target = backends.make_target()
-    ns = powers_of_two(min(backends.max_tree, target.n_ctx - context_tokens))
-    target_curve = measure_target_curve(target, ns, context_tokens, show=show)
-    del target  # one model in memory at a time
-    gc.collect()
-
-    decode_batch = backends.make_decode_batch()
-    drafter_curve = measure_drafter_curve(decode_batch, show=show)
-    del decode_batch
-    gc.collect()
-
-    return Profile(
-        pair=backends.pair, backend=backends.backend, machine=facts,
-        bandwidths=Bandwidths(ram, h2d, d2h, disk), curves=Curves(target_curve, drafter_curve),
-        model_files=[file_identity(p, sha) for p, sha in backends.model_files],
-        overlap_possible=backends.overlap_possible, measure_seconds=time.perf_counter() - t0,
-    )
+    profile = Profile(
+        pair=backends.pair, backend=backends.profile_key, machine=facts, bandwidths=Bandwidths(ram, h2d, d2h, disk),
+        curves=None, model_files=[file_identity(p, sha) for p, sha in backends.model_files],
+        overlap_possible=backends.overlap_possible,
+    )  # fmt: skip
+    measure_backends(profile, backends, show, compare, context_tokens)
+    profile.measure_seconds = time.perf_counter() - t0
+    return profile
 
 
-def get_profile(backends: ProfileBackends, refresh: bool = False, show: bool = True) -> tuple[Profile, bool]:
-    """(profile, reused): the saved one while it is current, else a fresh measurement, saved."""
-    if not refresh:
-        saved = load_profile(machine_facts(home()), backends)
-        if saved is not None:
-            return saved, True
-    profile = measure_profile(backends, show=show)
-    save_profile(profile)
-    return profile, False
+def _wanted(backends: ProfileBackends, compare: bool) -> tuple[dict, dict]:
+    targets = {backends.target_name: backends.make_target, **(backends.other_targets if compare else {})}
+    drafters = {backends.drafter_name: backends.make_decode_batch, **(backends.other_drafters if compare else {})}
+    return targets, {name: make for name, make in drafters.items() if make is not None}
+
+
+def measure_backends(profile: Profile, backends: ProfileBackends, show: bool, compare: bool, context_tokens: int = 64) -> bool:
+    """Add the curves of the wanted backends the profile lacks; True if it measured anything.
+    A backend that cannot run here (OndeviceError: an unsupported file, …) is recorded in `skipped`."""
+    targets, drafters = _wanted(backends, compare)
+    measured = False
+    for name, make_target in targets.items():
+        if name in profile.targets or f"target {name}" in profile.skipped:
+            continue
+        with _skipping(profile, f"target {name}"):
+            target = make_target()
+            ns = powers_of_two(min(backends.max_tree, target.n_ctx - context_tokens))
+            profile.targets[name] = measure_target_curve(target, ns, context_tokens, show=show, label=f"target pass vs tokens ({name})")
+            measured = True
+        target = None  # one model in memory at a time (the loaded one stays with the pipeline)
+        gc.collect()
+    for name, make_decode_batch in drafters.items():
+        if name in profile.drafters or f"drafter {name}" in profile.skipped:
+            continue
+        with _skipping(profile, f"drafter {name}"):
+            profile.drafters[name] = measure_drafter_curve(make_decode_batch(), show=show, label=f"draft call vs batch ({name})")
+            measured = True
+        gc.collect()
+    return measured
+
+
+@contextmanager
+def _skipping(profile: Profile, what: str):
+    try:
+        yield
+    except OndeviceError as err:
+        profile.skipped[what] = str(err)
+
+
+def get_profile(backends: ProfileBackends, refresh: bool = False, show: bool = True, compare: bool = False) -> tuple[Profile, bool]:
+    """(profile, reused): the saved one while it is current and has the wanted backends' curves, else
+    measured (what is missing, or everything with `refresh`) and saved. `curves` are the loaded ones'."""
+    saved = None if refresh else load_profile(machine_facts(home()), backends)
+    if saved is None:
+        profile, reused = measure_profile(backends, show=show, compare=compare), False
+    else:
+        profile, reused = saved, not measure_backends(saved, backends, show, compare)
+    if backends.target_name not in profile.targets or backends.drafter_name not in profile.drafters:
+        raise OndeviceError(f"could not profile the loaded backends: {'; '.join(profile.skipped.values())}")
+    profile.curves = profile.curves_for(backends.target_name, backends.drafter_name)
+    if not reused:
+        save_profile(profile)
+    return profile, reused

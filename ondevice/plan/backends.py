@@ -1,0 +1,45 @@
+"""Which backends run the target and the drafter (`--target-backend auto`, `--drafter-backend auto`):
+chosen as the tree is, by predicted speed on this machine's measured curves.
+
+For every pair of backends the profile has measured (a target pass curve × a drafter call curve),
+the cost model's best plan — a draft tree, or the target alone where drafting does not pay —
+predicts tokens per second; the fastest pair wins. Only measured backends compete: nothing is
+chosen on faith, so where ONNX Runtime measured slower than llama.cpp it is not picked there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ondevice.plan.cost_model import Plan, choose_plan
+from ondevice.plan.profile import Profile
+
+
+@dataclass(frozen=True)
+class BackendOption:
+    target: str
+    drafter: str
+    plan: Plan  # the best plan with these two (target alone if drafting does not pay)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.plan.predicted_tokens_per_second
+
+
+def backend_options(profile: Profile, p_rank, target: str | None = None, drafter: str | None = None) -> list[BackendOption]:
+    """Every measured (target, drafter) pair, fastest first; `target`/`drafter` fix one side."""
+    p_rank = np.asarray(p_rank, dtype=np.float64)
+    options = []
+    for t in profile.targets if target is None else [target]:
+        for d in profile.drafters if drafter is None else [drafter]:
+            if t in profile.targets and d in profile.drafters:
+                options.append(BackendOption(t, d, choose_plan(profile.curves_for(t, d), p_rank, profile.overlap_possible)))
+    return sorted(options, key=lambda o: -o.tokens_per_second)
+
+
+def best_backends(profile: Profile | None, p_rank, target: str | None = None, drafter: str | None = None) -> BackendOption | None:
+    """The fastest measured pair (None: the profile has none to offer)."""
+    options = backend_options(profile, p_rank, target, drafter) if profile is not None else []
+    return options[0] if options else None
