@@ -103,3 +103,23 @@ def test_pipeline_loads_the_backends_the_profile_found_fastest(tmp_path, monkeyp
 def test_unknown_drafter_backend_is_one_clear_error():
     with pytest.raises(OndeviceError, match="drafter backend 'tpu'"):
         pipeline.LoadOptions(drafter_backend="tpu").checked()
+
+
+def test_bench_compares_backend_pairs_in_one_run(tmp_path):
+    """`ondevice bench --backends`: the curves of every backend, then each configuration on each pair."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    write_tiny_pair(tmp_path, arch="llama", head_scale=3.0)
+    env = {**os.environ, "ONDEVICE_HOME": str(tmp_path)}
+    args = ["bench", "-m", "tiny", "--threads", "1", "--ctx", "256", "--backends", "llama/llama,onnx/onnx",
+            "--trees", "chain", "--budgets", "2", "--limit", "1", "-n", "8", "--json"]  # fmt: skip
+    run = subprocess.run([sys.executable, "-m", "ondevice", *args], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["backends"] == ["llama/llama", "onnx/onnx"]
+    assert [r["config"] for r in report["results"]] == ["llama/llama: target only", "llama/llama: chain @2", "onnx/onnx: target only", "onnx/onnx: chain @2"]
+    assert set(report["curves"]["targets"]) == {"llama", "onnx"} and set(report["curves"]["drafters"]) == {"llama", "onnx"}
+    assert all(r["tokens"] == 8 for r in report["results"])

@@ -36,6 +36,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> N
         (["generate", "hi", "--temperature", "-1"], ["temperature"]),
         (["generate", "hi", "--top-p", "1.5"], ["top-p"]),
         (["generate", "hi", "--target-backend", "tensorflow"], ["tensorflow"]),
+        (["generate", "hi", "--drafter-backend", "tpu"], ["tpu"]),
+        (["bench", "--backends", "onnx"], ["TARGET/DRAFTER", "onnx"]),
         (["generate", "hi", "--target-backend", "torch", "--gpu-memory", "lots"], ["lots"]),
     ],
 )

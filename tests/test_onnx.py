@@ -24,7 +24,7 @@ from ondevice.engine import SpecEngine, Step
 from ondevice.errors import OndeviceError
 from ondevice.onnx import export as ex
 from ondevice.onnx.graph import GraphBuilder, model
-from ondevice.onnx.nbits import NBITS_LAYOUT, gguf_to_nbits
+from ondevice.onnx.nbits import NBITS_LAYOUT, gguf_to_nbits, requantize_4bit
 from ondevice.onnx.session import NBitsConfig, check_fast_kernels, kernel_ratio, nbits_configs
 from ondevice.protocols import DraftSpec
 from ondevice.quant import vocab_trim as vt
@@ -95,6 +95,19 @@ def test_matmul_nbits_node_computes_x_times_the_gguf_matrix(qtype, tmp_path):
     y = session.run(None, {"x": x})[0]
     want = x[0].astype(np.float64) @ w.T.astype(np.float64)
     np.testing.assert_allclose(y[0], want, atol=1e-4 * np.abs(want).max())
+
+
+def test_4bit_requantization_is_llama_cpp_q4_0():
+    """The drafter's optional 4-bit copy: the codes gguf-py's Q4_0 quantizer writes for the same weights."""
+    n, k = 8, 256
+    w8 = gguf_to_nbits(random_blocks(QT.Q8_0, n, k, seed=3), QT.Q8_0, n, k)
+    w4 = requantize_4bit(w8)
+    x = w8.dequantize()
+    want = gguf_to_nbits(quants.quantize(x, QT.Q4_0).reshape(-1), QT.Q4_0, n, k)
+    np.testing.assert_array_equal(w4.codes, want.codes)
+    np.testing.assert_allclose(w4.scales, want.scales, rtol=1e-3)  # Q4_0 stores d as f16
+    error = np.abs(w4.dequantize() - x).reshape(n, -1, 32).max(-1)
+    assert np.all(error <= np.abs(w4.scales) * 1.0001)  # half a step, or one where +8 clips to +7
 
 
 # --- the decoder against torch and llama.cpp --------------------------------------------------------

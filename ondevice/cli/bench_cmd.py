@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -46,7 +47,7 @@ def results_table(results: list[BenchResult], baseline: BenchResult | None) -> T
 
 def sweep_verdict(results: list[BenchResult]) -> dict | None:
     """How the planner's choice compares with the best fixed configuration measured in the same run."""
-    auto = next((r for r in results if r.config.startswith("auto")), None)
+    auto = max((r for r in results if r.builder == "auto"), key=lambda r: r.tokens_per_second, default=None)
     best = best_of_sweep(results)
     if auto is None or best is None or not best.tokens_per_second:
         return None
@@ -55,10 +56,12 @@ def sweep_verdict(results: list[BenchResult]) -> dict | None:
             "best_tokens_per_second": best.tokens_per_second, "auto_over_best": ratio, "within_10_percent": ratio >= 0.9}
 
 
-def save_report(out: str | None, pipe, results: list[BenchResult], max_tokens: int, prompts: int, prompt_set: str) -> dict:
-    report = {"model": pipe.pair.name, "target_backend": pipe.target_backend, "machine": platform.processor() or platform.machine(),
+def save_report(out: str | None, pipe, results: list[BenchResult], max_tokens: int, prompts: int, prompt_set: str, pairs=None,
+                curves: dict | None = None) -> dict:
+    backends = [f"{t}/{d}" for t, d in pairs] if pairs and pairs[0] else [f"{pipe.target_backend}/{pipe.info.get('drafter_backend')}"]
+    report = {"model": pipe.pair.name, "target_backend": pipe.target_backend, "backends": backends, "machine": platform.processor() or platform.machine(),
               "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": prompts, "prompt_set": prompt_set,
-              "results": [r.to_dict() for r in results], "sweep": sweep_verdict(results)}
+              "results": [r.to_dict() for r in results], "sweep": sweep_verdict(results), "curves": curves}
     if out:
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
     record_bench(machine_facts().fingerprint(), pipe.pair.name, pipe.backends.backend, results)  # beside `models --predict`
@@ -89,6 +92,53 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
     return result
 
 
+def parse_backends(text: str) -> list[tuple[str, str]]:
+    """"llama/llama,onnx/onnx" → [("llama", "llama"), ("onnx", "onnx")]."""
+    pairs = []
+    for item in parse_list(text):
+        target, _, drafter = item.partition("/")
+        if not drafter:
+            raise OndeviceError(f"--backends takes TARGET/DRAFTER pairs such as onnx/onnx, not {item!r}.")
+        LoadOptions(target_backend=target, drafter_backend=drafter).checked()
+        pairs.append((target, drafter))
+    return pairs
+
+
+def measure_curves(pipe, as_json: bool) -> dict:
+    """Measure every CPU backend's curves now (the same run as the rows after them); print them."""
+    from ondevice.cli.profile_cmd import curves_table
+    from ondevice.plan.profile import get_profile
+
+    with err.status("measuring the backends' latency curves…"):
+        profile, _ = get_profile(pipe.backends, refresh=True, show=False, compare=True)
+    if not as_json:
+        console.print(curves_table(profile))
+    return {"targets": {k: c.to_dict() for k, c in profile.targets.items()}, "drafters": {k: c.to_dict() for k, c in profile.drafters.items()}}
+
+
+def bench_specs(pipe, ids: list[list[int]], specs, max_tokens: int, sampling: Sampling, as_json: bool, prefix: str = ""):
+    """Yield one BenchResult per configuration (the target alone, auto, each tree and budget) on this pipeline."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, disable=as_json) as progress:
+        for spec in specs:
+            auto = spec is not None and spec.builder == "auto"
+            task = progress.add_task(prefix + ("auto" if auto else config_name(spec)), total=len(ids))
+            if auto:  # re-planned before every prompt and learning after each, as in a chat
+                result = run_auto(pipe, ids, spec, max_tokens, sampling, lambda: progress.advance(task))
+            else:
+                label = config_name(spec)
+                predicted = pipe.planner.predict(spec.builder, spec.budget) if spec and pipe.planner else None
+                try:
+                    result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
+                except OndeviceError as e:  # one configuration this machine cannot run: say so, measure the rest
+                    result = BenchResult(label, spec.builder, spec.budget, error=str(e))
+                    err.print(f"{label}: skipped — {e}")
+                result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
+            result.config = prefix + result.config
+            report_line(result, as_json)
+            yield result
+
+
 @opt.load_options
 def bench(
     trees: str = typer.Option("auto,chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare (auto: the planner's choice)."),
@@ -111,6 +161,11 @@ def bench(
     compare_real: bool = typer.Option(
         False, "--compare-real", help="With --synthetic PAIR-or-GGUF: also time the real target file in the same run, alternating with its twin."
     ),
+    backends: str = typer.Option(
+        None, "--backends", help="Compare backend pairs in one run, TARGET/DRAFTER comma-separated, e.g. llama/llama,onnx/onnx: "
+        "their latency curves are measured first, then every configuration runs on each pair; speedups are over the first "
+        "pair's target alone. Default: the pair --target-backend/--drafter-backend load.",
+    ),
     *,
     load: LoadOptions,
 ) -> None:
@@ -132,31 +187,19 @@ def bench(
     specs += [make_spec(t, b, False, sampling) for t in tree_list if t != "auto" for b in budget_list]
     if not load.draft:  # --no-draft: only the target-alone row
         specs = [None]
-    pipe = load_pipeline(load)
+    pairs = parse_backends(backends) if backends else [None]
     texts = sets[prompt_set][: limit or None]
-    ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
-    results = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, disable=as_json) as progress:
-        for spec in specs:
-            auto = spec is not None and spec.builder == "auto"
-            task = progress.add_task("auto" if auto else config_name(spec), total=len(ids))
-            if auto:  # re-planned before every prompt and learning after each, as in a chat
-                results.append(run_auto(pipe, ids, spec, max_tokens, sampling, lambda: progress.advance(task)))
-                report_line(results[-1], as_json)
-                report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set)
-                continue
-            label = config_name(spec)
-            predicted = pipe.planner.predict(spec.builder, spec.budget) if spec and pipe.planner else None
-            try:
-                result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
-            except OndeviceError as e:  # one configuration this machine cannot run: say so, measure the rest
-                result = BenchResult(label, spec.builder, spec.budget, error=str(e))
-                err.print(f"{label}: skipped — {e}")
-            result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
+    results, report, curves = [], None, None
+    for pair in pairs:
+        pipe = load_pipeline(load if pair is None else replace(load, target_backend=pair[0], drafter_backend=pair[1]))
+        if len(pairs) > 1 and curves is None:
+            curves = measure_curves(pipe, as_json)  # the backends' latency curves, in this run
+        prefix = f"{pipe.target_backend}/{pipe.info.get('drafter_backend') or '-'}: " if len(pairs) > 1 else ""
+        ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
+        for result in bench_specs(pipe, ids, specs, max_tokens, sampling, as_json, prefix):
             results.append(result)
-            report_line(result, as_json)
-            report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set)  # after each: a long sweep keeps what it measured
+            report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set, pairs, curves)  # after each: a long sweep keeps what it measured
+        pipe.close()
     verdict = report["sweep"]
     if as_json:
         print(json.dumps(report, indent=2))

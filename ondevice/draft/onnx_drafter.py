@@ -29,10 +29,13 @@ class OnnxDrafter(ModelDrafter):
         vocab_trim: bool = False,
         target_vocab: int | None = None,
         accuracy_level: int = ACCURACY_INT8,
+        int4: bool = False,
         show: bool = True,
     ):
+        """int4: run every 8-bit matrix (Q5_0, Q8_0, Q6_K) requantized to 4 bits (faster, slightly other drafts)."""
         head = TrimmedHead.find(model_path) if vocab_trim else None
-        export = ensure_export(model_path, accuracy_level=accuracy_level, head_rows=head.keep_ids if head else None, show=show)
+        rows = head.keep_ids if head else None
+        export = ensure_export(model_path, accuracy_level=accuracy_level, head_rows=rows, show=show, int4=int4)
         self.decoder = OnnxDecoder(export, slots=n_ctx + MAX_BUDGET + max_batch, threads=threads, trimmed=head is not None)
         self.vocab_trimmed = head is not None
         self.n_ctx = n_ctx

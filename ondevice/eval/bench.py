@@ -61,7 +61,7 @@ class BenchResult:
 
 def best_of_sweep(results: list[BenchResult]) -> BenchResult | None:
     """The fastest fixed configuration (auto rows and the target alone excluded)."""
-    fixed = [r for r in results if r.budget > 0 and not r.config.startswith("auto")]
+    fixed = [r for r in results if r.budget > 0 and r.builder != "auto"]
     return max(fixed, key=lambda r: r.tokens_per_second, default=None)
 
 

@@ -26,14 +26,14 @@ from onnx import TensorProto, helper
 
 from ondevice.errors import OndeviceError
 from ondevice.onnx import graph as G
-from ondevice.onnx.nbits import NBitsWeight, gguf_to_nbits, supported
+from ondevice.onnx.nbits import NBitsWeight, gguf_to_nbits, requantize_4bit, stack_rows, supported
 from ondevice.paths import write_json
 from ondevice.quant.embedding_rows import EmbeddingRows
 from ondevice.quant.gguf_blocks import FLOAT_TYPES
 from ondevice.target import weights as W
 from ondevice.target.torch_model import ModelArgs
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: q/k/v and gate/up stacked into one MatMulNBits where their layouts agree
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, int32 accumulation (the fast kernels)
 ACCURACY_FP32 = 0  # float32 activations: slower, for checking the weight mapping
 ALIGN = 4096  # external tensors start on page boundaries (ORT can map them)
@@ -71,37 +71,44 @@ def rows_tag(rows: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(rows, dtype=np.int64).tobytes()).hexdigest()[:12]
 
 
-def ensure_export(gguf_path: str | Path, accuracy_level: int = ACCURACY_INT8, head_rows: np.ndarray | None = None, show: bool = True) -> OnnxExport:
-    """The cached export of this GGUF (built now if missing or stale), with a trimmed head if asked."""
+def ensure_export(
+    gguf_path: str | Path, accuracy_level: int = ACCURACY_INT8, head_rows: np.ndarray | None = None, show: bool = True,
+    int4: bool = False,
+) -> OnnxExport:
+    """The cached export of this GGUF (what is missing or stale is built now), with a trimmed head if
+    asked. int4: every 8-bit matrix requantized to 4 bits (`nbits.requantize_4bit`), for a drafter."""
     gguf_path = Path(gguf_path).expanduser()
     folder = export_dir(gguf_path)
     folder.mkdir(exist_ok=True)
-    ident = _identity(gguf_path, accuracy_level)
-    level = f"a{accuracy_level}"
-    body, head = folder / f"body.{level}.onnx", folder / f"head.{level}.onnx"
-    trimmed = None if head_rows is None else folder / f"head-{rows_tag(head_rows)}.{level}.onnx"
-    manifest = folder / f"manifest.{level}.json"
+    ident = {**_identity(gguf_path, accuracy_level), "int4": int4}
+    variant = f"a{accuracy_level}" + ("-int4" if int4 else "")
+    body, head = folder / f"body.{variant}.onnx", folder / f"head.{variant}.onnx"
+    trimmed = None if head_rows is None else folder / f"head-{rows_tag(head_rows)}.{variant}.onnx"
+    manifest = folder / f"manifest.{variant}.json"
     with _locked(folder):
-        if not _current(manifest, ident, [body, head] + ([trimmed] if trimmed else [])):
+        fresh = _current(manifest, ident)
+        missing = [f for f in (body, head, trimmed) if f is not None and not (fresh and f.is_file() and Path(str(f) + ".data").is_file())]
+        if missing:
             reader = W.open_gguf(gguf_path)
             args = W.gguf_model_args(reader)
-            source = GGUFWeights(reader, args)
-            _build_body(source, args, body, accuracy_level, show, gguf_path.name)
-            _build_head(source, args, head, accuracy_level, None)
-            if trimmed:
-                _build_head(source, args, trimmed, accuracy_level, head_rows)
+            source = GGUFWeights(reader, args, int4)
+            if body in missing:
+                _build_body(source, args, body, accuracy_level, show, gguf_path.name)
+            for path, rows in ((head, None), (trimmed, head_rows)):
+                if path in missing:
+                    _build_head(source, args, path, accuracy_level, rows)
             embd = source.tensors["tok_embeddings.weight"]
             write_json(manifest, {**ident, "args": asdict(args), "embedding": EmbeddingRows.of_tensor(embd, embd.path).to_dict()})
         saved = json.loads(manifest.read_text())
     return OnnxExport(folder, ModelArgs.from_dict(saved["args"]), EmbeddingRows.from_dict(saved["embedding"]), body, head, trimmed)
 
 
-def _current(manifest: Path, ident: dict, files: list[Path]) -> bool:
+def _current(manifest: Path, ident: dict) -> bool:
     try:
         saved = json.loads(manifest.read_text())
     except (OSError, ValueError):
         return False
-    return all(saved.get(k) == v for k, v in ident.items()) and all(f.is_file() and Path(str(f) + ".data").is_file() for f in files)
+    return all(saved.get(k) == v for k, v in ident.items())
 
 
 @contextmanager
@@ -120,8 +127,8 @@ def _locked(folder: Path):
 class GGUFWeights:
     """`graph.WeightSource` over a GGUF reader: quantized matrices as MatMulNBits, the rest float32."""
 
-    def __init__(self, reader, args: ModelArgs):
-        self.args = args
+    def __init__(self, reader, args: ModelArgs, int4: bool = False):
+        self.args, self.int4 = args, int4
         self.tensors = {}
         for tensor in reader.tensors:
             name = W._rename(tensor.name, W.GGUF_NAMES)
@@ -144,7 +151,9 @@ class GGUFWeights:
         k, n = (int(d) for d in tensor.shape[:2])  # GGUF lists the inner dimension first
         if supported(tensor.tensor_type):
             chunks = [gguf_to_nbits(tensor.data, tensor.tensor_type, n, k, rows=part) for part in _row_chunks(n, rows)]
-            return _concat(chunks) if len(chunks) > 1 else chunks[0]
+            if self.int4:
+                chunks = [requantize_4bit(c) if c.bits == 8 else c for c in chunks]
+            return stack_rows(chunks) if len(chunks) > 1 else chunks[0]
         if tensor.tensor_type not in FLOAT_TYPES:
             raise OndeviceError(f"{tensor.name} is stored as {tensor.tensor_type.name}, which the ONNX backend cannot read: use a K-quant, Q8_0 or float GGUF.")
         w = W._dequantize(tensor)
@@ -154,13 +163,6 @@ class GGUFWeights:
 def _row_chunks(n: int, rows: np.ndarray | None) -> list[np.ndarray]:
     rows = np.arange(n) if rows is None else np.asarray(rows, dtype=np.int64)
     return [rows[i : i + ROW_CHUNK] for i in range(0, len(rows), ROW_CHUNK)]
-
-
-def _concat(chunks: list[NBitsWeight]) -> NBitsWeight:
-    first = chunks[0]
-    correction = None if first.correction is None else np.concatenate([c.correction for c in chunks])
-    return NBitsWeight(sum(c.n for c in chunks), first.k, first.bits, first.block, np.concatenate([c.codes for c in chunks]),
-                       np.concatenate([c.scales for c in chunks]), correction)  # fmt: skip
 
 
 # --- writing ---------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from ondevice.onnx.nbits import CORRECTION_GROUP, NBitsWeight
+from ondevice.onnx.nbits import CORRECTION_GROUP, NBitsWeight, stack_rows
 from ondevice.target.torch_model import ModelArgs
 
 OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
@@ -91,6 +91,19 @@ class GraphBuilder:
         correction = self.const(name + ".correction", np.ascontiguousarray(w.correction.T))  # (k/32, n)
         return self.op("Add", [y, self.op("MatMul", [self.block_sums(x, w.k), correction], "corr")], "corrected")
 
+    def linears(self, x: str, ws: list, names: list[str], biases: list | None = None) -> list[str]:
+        """Several linears of one input. Where their layouts agree they run as one MatMulNBits over
+        the stacked rows (fewer, larger kernel calls: q/k/v, gate/up), split after."""
+        biases = biases or [None] * len(ws)
+        stacked = stack_rows(ws) if all(isinstance(w, NBitsWeight) for w in ws) else None
+        if stacked is None or len(ws) == 1:
+            return [self.linear(x, w, name, b) for w, name, b in zip(ws, names, biases)]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = np.concatenate([b if b is not None else np.zeros(w.n, np.float32) for w, b in zip(ws, biases)])
+        y = self.linear(x, stacked, "+".join(names), bias)
+        return self.op("Split", [y, self.ints([w.n for w in ws])], "part", outputs=[self.fresh("part") for _ in ws], axis=-1)
+
     def block_sums(self, x: str, k: int) -> str:
         """(1, T, k) → (1, T, k/32): the sums the K-quant correction multiplies (once per input)."""
         if x not in self._block_sums:
@@ -124,11 +137,9 @@ def body_graph(g: GraphBuilder, args: ModelArgs, weights: WeightSource, on_layer
             inputs.append(_io(f"past_{kind}_{i}", TensorProto.FLOAT, [1, nkv, "slots", hd]))
             outputs.append(_io(f"present_{kind}_{i}", TensorProto.FLOAT, [1, nkv, "slots", hd]))
         h = g.rms_norm(x, weights.vector(p + "attention_norm.weight"), args.norm_eps, p + "attention_norm.weight")
-        qkv = []
-        for proj in ("wq", "wk", "wv"):
-            bias = weights.vector(p + f"attention.{proj}.bias") if args.qkv_bias else None
-            qkv.append(g.linear(h, weights.matrix(p + f"attention.{proj}.weight"), p + f"attention.{proj}", bias))
-        q, k, v = qkv
+        projections = ("wq", "wk", "wv")
+        biases = [weights.vector(p + f"attention.{w}.bias") for w in projections] if args.qkv_bias else None
+        q, k, v = g.linears(h, [weights.matrix(p + f"attention.{w}.weight") for w in projections], [p + f"attention.{w}" for w in projections], biases)
         if args.qk_norm:  # Qwen3: RMSNorm of every head's q and k
             q = _per_head_norm(g, q, weights.vector(p + "attention.q_norm.weight"), nh, hd, args.norm_eps, p + "attention.q_norm")
             k = _per_head_norm(g, k, weights.vector(p + "attention.k_norm.weight"), nkv, hd, args.norm_eps, p + "attention.k_norm")
@@ -141,8 +152,8 @@ def body_graph(g: GraphBuilder, args: ModelArgs, weights: WeightSource, on_layer
         )[0]  # fmt: skip
         x = g.op("Add", [x, g.linear(attn, weights.matrix(p + "attention.wo.weight"), p + "attention.wo")], "resid")
         h = g.rms_norm(x, weights.vector(p + "ffn_norm.weight"), args.norm_eps, p + "ffn_norm.weight")
-        gate = g.linear(h, weights.matrix(p + "feed_forward.w_gate.weight"), p + "feed_forward.w_gate")
-        up = g.linear(h, weights.matrix(p + "feed_forward.w_up.weight"), p + "feed_forward.w_up")
+        gate, up = g.linears(h, [weights.matrix(p + f"feed_forward.{w}.weight") for w in ("w_gate", "w_up")],
+                             [p + f"feed_forward.{w}" for w in ("w_gate", "w_up")])  # fmt: skip
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], "sig")], "silu"), up], "glu")
         x = g.op("Add", [x, g.linear(act, weights.matrix(p + "feed_forward.w_down.weight"), p + "feed_forward.w_down")], "resid")
         on_layer(i)

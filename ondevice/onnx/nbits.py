@@ -107,3 +107,29 @@ def gguf_to_nbits(raw: np.ndarray, qtype: QT | int, n: int, k: int, rows: np.nda
         codes = q.to(torch.int16) + zero
     codes = codes.to(torch.uint8).reshape(n, k // block, block).numpy()
     return NBitsWeight(n, k, bits, block, pack_codes(codes, bits), scale.reshape(n, k // block).numpy().astype(np.float32), correction)
+
+
+def stack_rows(parts: list[NBitsWeight]) -> NBitsWeight | None:
+    """W₁, W₂, … (same k, bits and block) as one matrix of their rows, in order; None if they differ.
+    A missing correction is zeros (a symmetric part beside a K-quant one)."""
+    first = parts[0]
+    if any((p.k, p.bits, p.block) != (first.k, first.bits, first.block) for p in parts):
+        return None
+    correction = None
+    if any(p.correction is not None for p in parts):
+        group = first.k // CORRECTION_GROUP
+        correction = np.concatenate([p.correction if p.correction is not None else np.zeros((p.n, group), np.float32) for p in parts])
+    return NBitsWeight(sum(p.n for p in parts), first.k, first.bits, first.block, np.concatenate([p.codes for p in parts]),
+                       np.concatenate([p.scales for p in parts]), correction)  # fmt: skip
+
+
+def requantize_4bit(w: NBitsWeight) -> NBitsWeight:
+    """A 4-bit copy (block 32, symmetric) of a matrix, by llama.cpp's Q4_0 rule: in each block the
+    weight of largest magnitude maps to code 0 (−8·d). Not exact: for a drafter, whose proposals the
+    target checks anyway, where 4-bit kernels run ~3× faster than 8-bit ones (session.py)."""
+    x = w.dequantize().reshape(w.n, w.k // 32, 32)
+    extreme = np.take_along_axis(x, np.abs(x).argmax(-1)[..., None], axis=-1)  # (n, blocks, 1), signed
+    d = extreme / -8.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    codes = np.clip(np.trunc(x * inv + 8.5), 0, 15).astype(np.uint8)
+    return NBitsWeight(w.n, w.k, 4, 32, pack_codes(codes, 4), d.reshape(w.n, -1).astype(np.float32))
