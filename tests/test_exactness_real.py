@@ -1,6 +1,7 @@
 """Greedy speculative decoding == the target alone, token for token, on the real model pair.
 
-For each target backend (llama.cpp GGUF, our PyTorch model): 8 held-out prompts × 128 tokens,
+For each target backend (llama.cpp GGUF, our PyTorch model, ONNX Runtime with the ONNX drafter):
+8 held-out prompts × 128 tokens,
 the target alone (`--no-draft`: same engine, root-only trees) against chain and best-first trees.
 Verifying many tokens in one pass runs other kernels than one token at a time, so logits move by a
 small, measured "batch noise" (numerics.measure_batch_noise). Where outputs diverge, the target's
@@ -26,6 +27,7 @@ PROMPTS = prompts.CODE_EVAL[:4] + prompts.CHAT_EVAL[:4]
 CONFIGS = {
     "llama": [DraftSpec("chain", 4), DraftSpec("best-first", 16), DraftSpec("multi-seq", 8)],
     "torch": [DraftSpec("chain", 4)],  # fp32 torch on 2 CPU cores is slow; trees are covered by llama above
+    "onnx": [DraftSpec("chain", 4), DraftSpec("best-first", 16)],  # ONNX target and ONNX drafter
 }
 
 
@@ -46,6 +48,10 @@ def make_target(backend: str, path):
         from ondevice.target.llama_target import LlamaTarget
 
         return LlamaTarget(path, n_ctx=1024, threads=2)
+    if backend == "onnx":
+        from ondevice.target.onnx_target import OnnxTarget
+
+        return OnnxTarget.from_gguf(path, n_ctx=1024, threads=2)
     from ondevice.target.torch_target import TorchTarget
 
     return TorchTarget.from_gguf(path, device="cpu", n_ctx=1024, threads=2)
@@ -69,9 +75,13 @@ def margin_at(target, context: list[int]) -> float:
     return top2_margin(logits)
 
 
-@pytest.mark.parametrize("backend", ["llama", "torch"])
+@pytest.mark.parametrize("backend", ["llama", "torch", "onnx"])
 def test_greedy_speculation_equals_target_alone(backend, real_pair, tokenizer, drafter, capsys):
     target = make_target(backend, real_pair.target)
+    if backend == "onnx":
+        from ondevice.draft.onnx_drafter import OnnxDrafter
+
+        drafter = OnnxDrafter(real_pair.drafter, n_ctx=1024, threads=2)
     engine = SpecEngine(target, drafter, tokenizer.is_end)
     ids = [tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": p}])) for p in PROMPTS]
     reference = [decode(engine, x, None) for x in ids]
