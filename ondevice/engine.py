@@ -140,9 +140,12 @@ class SpecEngine:
         spec: DraftSpec | None = None,
         rule: str = "specexec",
         observe: Callable[[DraftTree, list[int]], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> Iterator[Step | Stats]:
         """Decode up to max_tokens after `prompt`. observe(tree, accepted path) sees every verified
-        tree of this call (the planner's acceptance tracking, for the answers it planned)."""
+        tree of this call (the planner's acceptance tracking, for the answers it planned).
+        should_stop() is asked before every target pass: True ends the answer there (finish_reason
+        "interrupted"); `cached` still names the tokens whose KV the target holds."""
         if self.closed:
             raise OndeviceError("this pipeline is closed (its models were freed); load it again.")
         stats = Stats(prompt_tokens=len(prompt), spec=spec if self.drafter is not None else None)
@@ -155,6 +158,9 @@ class SpecEngine:
         while True:
             if stats.tokens >= max_tokens or room <= 0:
                 stats.finish_reason = "length"
+                break
+            if should_stop is not None and should_stop():
+                stats.finish_reason = "interrupted"
                 break
             if prepared is not None:
                 tree, prepared = prepared, None

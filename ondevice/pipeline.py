@@ -12,12 +12,12 @@ Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | promp
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ondevice.catalog import refs
 from ondevice.catalog.choose import Models, choose
 from ondevice.plan.auto import CPU_MAX_TREE, AutoPlanner
-from ondevice.plan.cost_model import Plan
+from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.plan.hardware import default_threads
@@ -134,14 +134,16 @@ class Pipeline:
             raise OndeviceError("this pipeline is closed (its models were freed); load it again.")
 
     def stream_tokens(
-        self, prompt_ids: list[int], max_tokens: int = 256, sampling: Sampling = Sampling(), spec: DraftSpec | None = None, rule: str = "specexec"
+        self, prompt_ids: list[int], max_tokens: int = 256, sampling: Sampling = Sampling(), spec: DraftSpec | None = None,
+        rule: str = "specexec", should_stop: Callable[[], bool] | None = None,
     ) -> Iterator[Record]:
+        """The answer's records; should_stop() is asked before every target pass (see SpecEngine.generate)."""
         self._check_open()
         decoder = StreamDecoder(self.tokenizer)
         spec = self.resolve(spec, sampling)
         planner = self.planner if self.plan is not None else None  # it learns only from the answers it planned
         answer: list[int] = []
-        for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule, planner.observe if planner else None):
+        for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule, planner.observe if planner else None, should_stop):
             if isinstance(item, Step):
                 answer += item.tokens
                 yield Record(decoder.push(item.tokens), item.tokens, item.from_draft)
@@ -150,9 +152,43 @@ class Pipeline:
                     planner.finish(item, list(prompt_ids) + answer)
                 yield Record(decoder.flush(), [], 0, stats=item)
 
+    def stats_json(self, stats: Stats) -> dict:
+        """How the last answer was made, as JSON: passes, tokens per pass, speed, time split, tree, plan, placement."""
+        spec = stats.spec
+        return {
+            "finish_reason": stats.finish_reason,
+            "target_passes": stats.target_passes,
+            "tokens_per_pass": stats.tokens_per_pass,
+            "accepted_per_pass": stats.accepted_per_pass,
+            "tokens_per_second": stats.tokens_per_second,
+            "prefill_seconds": stats.prefill_seconds,
+            "draft_seconds": stats.draft_seconds,
+            "verify_seconds": stats.verify_seconds,
+            "overhead_seconds": stats.overhead_seconds,
+            "overlap_hits": stats.overlap_hits,
+            "tree": spec.builder if spec else "none",
+            "budget": spec.budget if spec else 0,
+            "target_backend": self.target_backend,
+            "model": self.pair.name,
+            "plan": plan_as_dict(self.plan) if self.plan else None,
+            **_placement_json(self.engine.target),
+        }
+
     def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:
         ids = self.encode_prompt(messages) if isinstance(messages, str) else self.encode_chat(messages)
         return self.stream_tokens(ids, **kwargs)
+
+
+def _placement_json(target) -> dict:
+    """Where the target's layers live (ollama `ps` style) and the bytes streamed per pass."""
+    placement = getattr(target, "placement", None)
+    if placement is None:
+        return {"placement": {"on_device": "all", "from_ram": 0, "from_disk": 0}, "bytes_streamed_per_pass": 0}
+    return {
+        "placement": {"on_device": len(placement.on_device), "from_ram": len(placement.from_ram), "from_disk": len(placement.from_disk),
+                      "summary": target.placement_summary()},
+        "bytes_streamed_per_pass": placement.bytes_per_pass,
+    }
 
 
 def pick_backend(name: str) -> str:

@@ -11,7 +11,6 @@ from ondevice.cli import options as opt
 from ondevice.cli.decoding import err, load_pipeline, make_spec, stats_line
 from ondevice.engine import Stats
 from ondevice.pipeline import LoadOptions
-from ondevice.plan.cost_model import plan_as_dict
 from ondevice.verify import Sampling
 
 
@@ -56,37 +55,4 @@ def generate(
 
 
 def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:
-    spec, plan = stats.spec, pipe.plan
-    return {
-        "text": text,
-        "prompt_token_ids": prompt_ids,
-        "token_ids": token_ids,
-        "finish_reason": stats.finish_reason,
-        "target_passes": stats.target_passes,
-        "tokens_per_pass": stats.tokens_per_pass,
-        "accepted_per_pass": stats.accepted_per_pass,
-        "tokens_per_second": stats.tokens_per_second,
-        "prefill_seconds": stats.prefill_seconds,
-        "draft_seconds": stats.draft_seconds,
-        "verify_seconds": stats.verify_seconds,
-        "overhead_seconds": stats.overhead_seconds,
-        "overlap_hits": stats.overlap_hits,
-        "tree": spec.builder if spec else "none",
-        "budget": spec.budget if spec else 0,
-        "target_backend": pipe.target_backend,
-        "model": pipe.pair.name,
-        "plan": plan_as_dict(plan) if plan else None,
-        **placement_json(pipe.engine.target),
-    }
-
-
-def placement_json(target) -> dict:
-    """Where the target's layers live (ollama `ps` style) and the bytes streamed per pass."""
-    placement = getattr(target, "placement", None)
-    if placement is None:
-        return {"placement": {"on_device": "all", "from_ram": 0, "from_disk": 0}, "bytes_streamed_per_pass": 0}
-    return {
-        "placement": {"on_device": len(placement.on_device), "from_ram": len(placement.from_ram), "from_disk": len(placement.from_disk),
-                      "summary": target.placement_summary()},
-        "bytes_streamed_per_pass": placement.bytes_per_pass,
-    }
+    return {"text": text, "prompt_token_ids": prompt_ids, "token_ids": token_ids, **pipe.stats_json(stats)}
