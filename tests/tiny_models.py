@@ -176,7 +176,7 @@ def gguf_tensors(config: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
 def write_tiny_gguf(
     path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0,
     noise: float = 0.0, pad_to: int | None = None, split_max_tensors: int = 0, chat_template: str | None = None,
-    specials: tuple[str, ...] = (), quantize=None,
+    specials: tuple[str, ...] = (), quantize=None, endless: bool = False,
 ) -> Path:
     """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path.
     head_scale, noise: see `tiny_hf_tensors`. pad_to: the model has this many token ids, the ones past
@@ -186,7 +186,9 @@ def write_tiny_gguf(
     chat_template: stored as tokenizer.chat_template. specials: control tokens appended after
     <|endoftext|> (ids vocab, vocab+1, …); the first is then BOS and the last EOS.
     quantize(gguf name, w) -> (blocks uint8, GGML type)
-    or None: a 2-D weight stored quantized instead (see tests/tiny_quant.py)."""
+    or None: a 2-D weight stored quantized instead (see tests/tiny_quant.py). endless (Llama): the
+    LM head rows of <|endoftext|> and the specials are zero, so their logits are 0, below the top logit:
+    greedy answers never end before max_tokens."""
     import gguf
 
     config = tiny_config(arch, pad_to or vocab + len(specials))
@@ -219,7 +221,10 @@ def write_tiny_gguf(
     writer.add_add_bos_token(False)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
-    for name, w in gguf_tensors(config, tiny_hf_tensors(config, seed, head_scale, noise)).items():
+    tensors = gguf_tensors(config, tiny_hf_tensors(config, seed, head_scale, noise))
+    if endless:
+        tensors["output.weight"][vocab - 1 : vocab + len(specials)] = 0  # KeyError for qwen2: its head is tied to the embeddings
+    for name, w in tensors.items():
         quantized = quantize(name, w) if quantize is not None and w.ndim == 2 else None
         if quantized is not None:
             writer.add_tensor(name, quantized[0], raw_dtype=quantized[1])

@@ -52,3 +52,7 @@ app.command("profile")(profile_cmd.profile)
 from ondevice.cli import quant_cmd  # noqa: E402
 
 app.add_typer(quant_cmd.app, name="quant", help="Build drafter variants: VocabTrim (trimmed LM head).")
+
+from ondevice.cli import serve_cmd  # noqa: E402
+
+app.command("serve")(serve_cmd.serve)

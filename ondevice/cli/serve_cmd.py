@@ -1,0 +1,71 @@
+"""`ondevice serve`: load the pair once and answer OpenAI-style HTTP requests (ondevice/serve)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Optional
+
+import typer
+
+from ondevice.cli import options as opt
+from ondevice.cli.decoding import err, load_pipeline, make_spec
+from ondevice.errors import OndeviceError
+from ondevice.pipeline import LoadOptions
+from ondevice.sizes import parse_size
+from ondevice.verify import Sampling
+
+
+@opt.load_options
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. 0.0.0.0 lets other machines in: set --api-key then."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, help="TCP port."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ONDEVICE_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 requests."),
+    max_tokens: opt.MaxTokens = 1024,
+    temperature: opt.Temperature = 0.0,
+    top_p: opt.TopP = 1.0,
+    top_k: opt.TopK = 0,
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for requests that send none (default: a fresh one per request)."),
+    tree: opt.Tree = "auto",
+    budget: opt.Budget = None,
+    max_request_size: str = typer.Option("4MiB", "--max-request-size", help="Largest request body accepted (413 above it)."),
+    *,
+    load: LoadOptions,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models, /health.
+
+    Point a client at http://HOST:PORT/v1. --max-tokens, --temperature, --top-p, --top-k and --seed are the
+    defaults for requests that leave them out (temperature 0: the target's exact greedy answer).
+    Ctrl-C or SIGTERM: waiting requests get a 503, the answer in progress may finish (30 s; a second Ctrl-C
+    stops it), then the models are freed.
+    """
+    from ondevice.serve.app import ServeConfig  # starlette, uvicorn, pydantic: only for this command
+    from ondevice.serve.schemas import Defaults
+    from ondevice.serve.server import bind, serve as run_server
+
+    sampling = Sampling(temperature, top_p, top_k, seed or 0)  # bad options fail before loading
+    spec = make_spec(tree, budget, not load.draft, sampling)
+    max_body = parse_size(max_request_size)
+    if max_body <= 0:
+        raise OndeviceError(f"--max-request-size must be more than 0 bytes (got {max_request_size!r}).")
+    if not is_loopback(host) and not api_key:
+        err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can reach this machine can use the model.", soft_wrap=True)
+    sock = bind(host, port)
+    pipe = load_pipeline(load)
+    try:
+        if spec is not None and spec.builder == "auto":
+            pipe.resolve(spec, sampling)  # profile this machine now (once), not during the first request
+        err.print(f"serving {pipe.pair.name} at http://{host}:{port}/v1 (use it as an OpenAI base_url) · Ctrl-C stops", soft_wrap=True)
+        counts = run_server(ServeConfig(pipe, spec, Defaults(max_tokens, temperature, top_p, top_k, seed), api_key, max_body), sock)
+    finally:
+        pipe.close()
+    err.print(f"stopped; models freed · {counts['finished']} answers, {counts['cancelled']} cancelled, {counts['failed']} failed,"
+              f" {counts['tokens']} tokens generated", soft_wrap=True)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

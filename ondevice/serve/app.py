@@ -1,0 +1,203 @@
+"""The HTTP API: routes, the API key, and how one request becomes a queued job and its answer.
+
+    GET  /health                 no key needed: {"status": "ok", "model", "queue": {waiting, running, …}}
+    GET  /v1/models              the served pair (a request may also name it "default")
+    POST /v1/chat/completions    messages → answer (whole, or streamed as server-sent events)
+    POST /v1/completions         a raw prompt (text or token ids) → continuation
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from dataclasses import dataclass, replace
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ondevice.errors import OndeviceError
+from ondevice.pipeline import Pipeline
+from ondevice.protocols import DraftSpec
+from ondevice.serve.body_limit import BodyLimit
+from ondevice.serve.errors import HANDLERS, ApiError
+from ondevice.serve.generation import run_job
+from ondevice.serve.queue import Delta, Failed, Finished, GenerationQueue, Job
+from ondevice.serve.responses import Envelope, sse
+from ondevice.serve.schemas import ChatRequest, CompletionRequest, Defaults, GenerationRequest, parse
+
+
+@dataclass
+class ServeConfig:
+    pipe: Pipeline
+    spec: DraftSpec | None  # --tree/--budget (None: the target alone); temperature and seed come per request
+    defaults: Defaults
+    api_key: str | None = None
+    max_body_bytes: int = 4 << 20
+
+    @property
+    def model(self) -> str:
+        return self.pipe.pair.name
+
+
+class Api:
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.pipe = config.pipe
+        self.queue = GenerationQueue(lambda job: run_job(self.pipe, job))
+
+    # --- routes -----------------------------------------------------------------------------
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": self.config.model, "queue": self.queue.snapshot()})
+
+    async def models(self, request: Request) -> JSONResponse:
+        self._check_key(request)
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> JSONResponse:
+        self._check_key(request)
+        self._check_model(request.path_params["name"])
+        return JSONResponse(self._model_card())
+
+    async def chat(self, request: Request) -> Response:
+        self._check_key(request)
+        req = self._parse(ChatRequest, await request.body())
+        messages = [message.as_template_message() for message in req.messages]
+        try:
+            ids = self.pipe.encode_chat(messages)
+        except OndeviceError as err:  # e.g. the template refuses this order of roles
+            raise ApiError(400, str(err), param="messages") from None
+        return await self._answer(request, req, ids, Envelope("chat.completion", self.config.model))
+
+    async def completions(self, request: Request) -> Response:
+        self._check_key(request)
+        req = self._parse(CompletionRequest, await request.body())
+        prompt = req.single_prompt()
+        ids = self.pipe.encode_prompt(prompt) if isinstance(prompt, str) else self._checked_ids(prompt)
+        return await self._answer(request, req, ids, Envelope("text_completion", self.config.model))
+
+    # --- checks -----------------------------------------------------------------------------
+    def _parse(self, kind: type[GenerationRequest], body: bytes) -> GenerationRequest:
+        req = parse(kind, body)
+        self._check_model(req.model)
+        req.refuse_unsupported()
+        return req
+
+    def _check_key(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not given.lower().startswith("bearer "):
+            raise ApiError(401, "missing API key: send the header `Authorization: Bearer KEY`.", code="invalid_api_key")
+        if not hmac.compare_digest(given[7:].strip().encode(), key.encode()):
+            raise ApiError(401, "incorrect API key.", code="invalid_api_key")
+
+    def _check_model(self, name: str) -> None:
+        if name not in (self.config.model, "default"):
+            raise ApiError(404, f"the model {name!r} does not exist here; this server runs {self.config.model!r} (or say \"default\").",
+                           code="model_not_found", param="model")
+
+    def _checked_ids(self, ids: list[int]) -> list[int]:
+        n_vocab = self.pipe.tokenizer.n_vocab
+        if any(not 0 <= t < n_vocab for t in ids):
+            raise ApiError(400, f"prompt token ids must be in 0..{n_vocab - 1}.", param="prompt")
+        return ids
+
+    def _model_card(self) -> dict:
+        return {"id": self.config.model, "object": "model", "created": 0, "owned_by": "ondevice"}
+
+    # --- one answer -------------------------------------------------------------------------
+    async def _answer(self, request: Request, req: GenerationRequest, ids: list[int], envelope: Envelope) -> Response:
+        n_ctx = self.pipe.engine.target.n_ctx
+        if len(ids) >= n_ctx:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens but the context holds {n_ctx}; shorten it or restart the server with a larger --ctx.",
+                           code="context_length_exceeded", param="messages" if envelope.chat else "prompt")
+        sampling = req.sampling(self.config.defaults)
+        spec = self.config.spec and replace(self.config.spec, temperature=sampling.temperature, seed=sampling.seed)
+        job = Job(ids, req.max_new_tokens(self.config.defaults, n_ctx), sampling, spec, req.stops(), asyncio.get_running_loop())
+        self.queue.submit(job)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return EventStream(self._events(job, envelope, include_usage), on_close=lambda: self.queue.cancel(job))
+        try:
+            done = await _until_finished(job, request)
+        finally:
+            self.queue.cancel(job)  # a no-op once finished; a client that left stops its generation
+        return JSONResponse(envelope.whole(done)) if done is not None else Response(status_code=499)  # 499: client closed request
+
+    async def _events(self, job: Job, envelope: Envelope, include_usage: bool):
+        yield sse(envelope.chunk("" if envelope.chat else None, first=True))
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Delta):
+                yield sse(envelope.chunk(event.text))
+            elif isinstance(event, Finished):
+                yield sse(envelope.chunk(finish=event.completion))
+                if include_usage:
+                    yield sse(envelope.usage_chunk(event.completion))
+                break
+            else:  # failed after the stream began (e.g. the server is shutting down): an error event
+                yield sse(event.error.body())
+                break
+        yield sse("[DONE]")
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events; `on_close` runs however the response ends (done, client gone, shutdown)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events, on_close):
+        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+async def _until_finished(job: Job, request: Request):
+    """The job's completion, or None if the client disconnects first."""
+    finished = asyncio.ensure_future(_completion(job))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({finished, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not finished.done():
+        finished.cancel()
+        return None
+    return finished.result()
+
+
+async def _completion(job: Job):
+    while True:
+        event = await job.events.get()
+        if isinstance(event, Finished):
+            return event.completion
+        if isinstance(event, Failed):
+            raise event.error
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(config: ServeConfig) -> Starlette:
+    api = Api(config)
+    routes = [
+        Route("/health", api.health, methods=["GET"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{name:path}", api.model, methods=["GET"]),
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers=HANDLERS, middleware=[Middleware(BodyLimit, max_bytes=config.max_body_bytes)])
+    app.state.queue = api.queue
+    return app

@@ -1,0 +1,183 @@
+"""The requests, as OpenAI's API spells them, checked into what the pipeline needs.
+
+Unknown fields are ignored (clients send many: `user`, `store`, `metadata`…). Fields that would change
+the answer in a way ondevice cannot honour (`n` > 1, penalties, logprobs, tools, JSON mode) are refused
+with a 400 rather than silently ignored. Fields a request leaves out take the server's defaults
+(`ondevice serve --temperature … --max-tokens …`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ondevice.errors import OndeviceError
+from ondevice.serve.errors import ApiError
+from ondevice.verify import Sampling
+
+MAX_STOPS = 4  # as OpenAI
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for a field it leaves out (the `ondevice serve` options)."""
+
+    max_tokens: int = 1024
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None  # None: a fresh random seed per request
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def as_template_message(self) -> dict[str, str]:
+        """{"role", "content"} with text parts joined; `developer` is OpenAI's new name for `system`."""
+        if isinstance(self.content, list):
+            if any(part.type != "text" for part in self.content):
+                raise ApiError(400, "only text content parts are supported (no images or audio).", param="messages")
+            text = "".join(part.text or "" for part in self.content)
+        else:
+            text = self.content or ""
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """The fields /v1/chat/completions and /v1/completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = "default"
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # not OpenAI's: sent as extra body, as llama-server and vLLM take it
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = 1
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+
+    def refuse_unsupported(self) -> None:
+        if (self.n or 1) != 1:
+            raise ApiError(400, "n must be 1: ondevice answers with one choice per request.", param="n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ApiError(400, f"{name} is not supported (it would change the target's answer); leave it at 0.", param=name)
+
+    def sampling(self, defaults: Defaults) -> Sampling:
+        temperature = _or(self.temperature, defaults.temperature)
+        if not 0 <= temperature <= 2:
+            raise ApiError(400, f"temperature must be between 0 and 2 (got {temperature}).", param="temperature")
+        seed = _or(self.seed, defaults.seed)
+        try:
+            return Sampling(temperature, _or(self.top_p, defaults.top_p), _or(self.top_k, defaults.top_k),
+                            random.randrange(2**31) if seed is None else seed)
+        except OndeviceError as err:
+            raise ApiError(400, str(err), param="top_p" if "top-p" in str(err) else "top_k") from None
+
+    def max_new_tokens(self, defaults: Defaults, n_ctx: int) -> int:
+        value = _or(self.requested_max_tokens(), defaults.max_tokens)
+        if not 1 <= value <= n_ctx:
+            raise ApiError(400, f"max_tokens must be between 1 and the context size {n_ctx} (got {value}).", param="max_tokens")
+        return value
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        stops = [s for s in stops if s]
+        if len(stops) > MAX_STOPS:
+            raise ApiError(400, f"at most {MAX_STOPS} stop sequences (got {len(stops)}).", param="stop")
+        return stops
+
+
+class ChatRequest(GenerationRequest):
+    messages: list[Message]
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    logprobs: bool | None = None
+    tools: list[dict] | None = None
+    response_format: dict | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if not self.messages:
+            raise ApiError(400, "messages must hold at least one message.", param="messages")
+        if self.logprobs:
+            raise ApiError(400, "logprobs are not supported.", param="logprobs")
+        if self.tools:
+            raise ApiError(400, "tool calls are not supported; send plain messages.", param="tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ApiError(400, "only response_format {\"type\": \"text\"} is supported.", param="response_format")
+
+    def requested_max_tokens(self) -> int | None:
+        return _or(self.max_completion_tokens, self.max_tokens)
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool | None = False
+    suffix: str | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        for name, unsupported in (("echo", self.echo), ("suffix", self.suffix), ("logprobs", self.logprobs is not None),
+                                  ("best_of", (self.best_of or 1) != 1)):
+            if unsupported:
+                raise ApiError(400, f"{name} is not supported.", param=name)
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: text or token ids (a batch of several is refused)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ApiError(400, f"one prompt per request (got {len(prompt)}).", param="prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise ApiError(400, "the prompt is empty.", param="prompt")
+        return prompt
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def parse(kind: type[GenerationRequest], body: bytes) -> GenerationRequest:
+    """The request in `body`, or a 400 naming what is wrong with its JSON or its types
+    (then the caller checks the model, then `refuse_unsupported`)."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"the request body is not valid JSON ({err}).") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object.")
+    try:
+        request = kind.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise ApiError(400, f"{where}: {first['msg']}.", param=str(first["loc"][0]) if first["loc"] else None) from None
+    return request
+
