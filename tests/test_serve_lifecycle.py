@@ -44,12 +44,13 @@ def long_stream(server: ServeProcess, max_tokens: int = 4000):
     return stream, chunks
 
 
-def send_waiting_request(server: ServeProcess) -> http.client.HTTPConnection:
-    """A non-streamed request sent (not yet answered); returns its open connection once it waits."""
+def send_request(server: ServeProcess, max_tokens: int = 8, **state) -> http.client.HTTPConnection:
+    """A non-streamed request sent (not yet answered); returns its open connection once /health's
+    queue shows `state` (e.g. waiting=1)."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=300)
-    conn.request("POST", "/v1/chat/completions", json.dumps({"model": "tiny", "messages": PROMPT, "max_tokens": 8}),
+    conn.request("POST", "/v1/chat/completions", json.dumps({"model": "tiny", "messages": PROMPT, "max_tokens": max_tokens}),
                  {"Content-Type": "application/json"})
-    server.wait_queue(waiting=1)
+    server.wait_queue(**state)
     return conn
 
 
@@ -59,7 +60,7 @@ def test_waiting_request_cancelled_disconnect_stops_the_answer_and_the_next_is_r
         alone = client.chat.completions.create(model="tiny", messages=PROMPT, max_tokens=48, temperature=0).choices[0].message.content
 
         stream, _ = long_stream(server)
-        waiting = send_waiting_request(server)
+        waiting = send_request(server, waiting=1)
         waiting.close()  # the client gives up while its request waits: dropped from the queue, never run
         queue = server.wait_queue(waiting=0, cancelled=1)
         assert (queue["waiting"], queue["running"], queue["finished"], queue["cancelled"]) == (0, 1, 1, 1)
@@ -68,6 +69,10 @@ def test_waiting_request_cancelled_disconnect_stops_the_answer_and_the_next_is_r
         queue = server.wait_queue(running=0, cancelled=2)
         assert (queue["running"], queue["finished"], queue["cancelled"], queue["failed"]) == (0, 1, 2, 0)
         assert queue["tokens"] - 48 < 4000
+
+        send_request(server, max_tokens=4000, running=1).close()  # the same for a non-streamed answer
+        queue = server.wait_queue(running=0, cancelled=3)
+        assert (queue["finished"], queue["cancelled"]) == (1, 3) and queue["tokens"] - 48 < 8000
 
         again = client.chat.completions.create(model="tiny", messages=PROMPT, max_tokens=48, temperature=0)
         assert again.choices[0].message.content == alone  # the cache left by the stopped answer is consistent
@@ -78,7 +83,7 @@ def test_waiting_request_cancelled_disconnect_stops_the_answer_and_the_next_is_r
 def test_sigterm_finishes_the_answer_in_flight_refuses_waiting_ones_and_frees_the_models(env):
     server = ServeProcess(LONG, env).start()
     stream, chunks = long_stream(server, max_tokens=3000)
-    waiting = send_waiting_request(server)
+    waiting = send_request(server, waiting=1)
     server.proc.send_signal(signal.SIGTERM)
     refused = waiting.getresponse()
     assert refused.status == 503 and "shutting down" in json.loads(refused.read())["error"]["message"]
