@@ -200,6 +200,7 @@ BAD = [
     ("POST", CHAT, {"model": "tiny", "messages": MSG, "tools": [{"type": "function"}]}, {}, 400, "tool"),
     ("POST", CHAT, {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, {}, 400, "text content"),
     ("POST", CHAT, {"model": "tiny", "messages": MSG, "pad": "x" * 70_000}, {}, 413, "request_too_large"),
+    ("POST", CHAT, {"model": "tiny", "messages": MSG, "chat_template_kwargs": {"enable_thinking": "yes"}}, {}, 400, "enable_thinking"),
     ("POST", "/v1/completions", {"model": "tiny", "prompt": ""}, {}, 400, "empty"),
     ("POST", "/v1/completions", {"model": "tiny", "prompt": ["one", "two"]}, {}, 400, "one prompt"),
     ("POST", "/v1/completions", {"model": "tiny", "prompt": [5, 99999]}, {}, 400, "token ids"),

@@ -66,7 +66,7 @@ class Api:
         req = self._parse(ChatRequest, await request.body())
         messages = [message.as_template_message() for message in req.messages]
         try:
-            ids = self.pipe.encode_chat(messages)
+            ids = self.pipe.encode_chat(messages, think=req.think())
         except OndeviceError as err:  # e.g. the template refuses this order of roles
             raise ApiError(400, str(err), param="messages") from None
         return await self._answer(request, req, ids, Envelope("chat.completion", self.config.model))

@@ -118,6 +118,13 @@ class ChatRequest(GenerationRequest):
     logprobs: bool | None = None
     tools: list[dict] | None = None
     response_format: dict | None = None
+    chat_template_kwargs: dict | None = None  # as vLLM: {"enable_thinking": false} turns Qwen3's thinking off
+
+    def think(self) -> bool | None:
+        value = (self.chat_template_kwargs or {}).get("enable_thinking")
+        if value is not None and not isinstance(value, bool):
+            raise ApiError(400, "chat_template_kwargs.enable_thinking must be true or false.", param="chat_template_kwargs")
+        return value
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
