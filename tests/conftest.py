@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from ondevice.catalog.pairs import load_pair
-from ondevice.catalog.hub import PairFiles, ensure_pair
+# The Hugging Face client asks the real hub for its user-agent registry on its first request, even
+# when a test points it at a local stand-in (it reads HF_ENDPOINT once, at import); tests touch no
+# network, so that lookup is off. Set before anything imports huggingface_hub.
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
+from ondevice.catalog.pairs import load_pair  # noqa: E402
+from ondevice.catalog.hub import PairFiles, ensure_pair  # noqa: E402
 
 
 @pytest.fixture(scope="session")
