@@ -38,6 +38,20 @@ def random_tree(n: int, vocab: int, seed: int) -> DraftTree:
     return DraftTree(rng.integers(0, vocab, n), np.array(parents), np.zeros(n))
 
 
+def test_greedy_reference_is_the_engine_alone_and_stops_after_the_end_token(tiny_path):
+    """eval.numerics.greedy_reference (VocabTrim calibration, exactness tests) against the engine
+    decoding with the target alone: same tokens; with is_end it stops right after the first end."""
+    from ondevice.engine import SpecEngine, Step
+    from ondevice.eval.numerics import greedy_reference
+
+    target, prompt = LlamaTarget(tiny_path, n_ctx=128, threads=1), [5, 60, 61, 7, 200]
+    engine = SpecEngine(target, None, lambda token: False)
+    alone = [t for item in engine.generate(prompt, 24) if isinstance(item, Step) for t in item.tokens]
+    assert greedy_reference(target, prompt, 24) == alone
+    end = alone[9]  # call the 10th token the end of the turn
+    assert greedy_reference(target, prompt, 24, is_end=lambda token: token == end) == alone[: alone.index(end) + 1]
+
+
 def test_leaf_sequences_tag_every_node_with_the_leaves_below():
     tree = DraftTree(np.arange(6), np.array(SHAPE), np.zeros(6))
     assert leaf_sequences(tree) == [[1, 2, 3], [1], [1], [2, 3], [2], [3]]
