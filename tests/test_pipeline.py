@@ -96,14 +96,15 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
 
 
 def test_a_stopped_answer_leaves_the_cache_holding_what_was_shown(tiny_home):
-    """Stopping an answer between records (Ctrl-C in chat) leaves the target's cache holding the prompt
+    """Stopping an answer (Ctrl-C in chat: should_stop) leaves the target's cache holding the prompt
     and the shown tokens (all but the last, which becomes the next pass's root): nothing unseen."""
     with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=512) as pipe:
-        ids = pipe.encode_chat(MESSAGES)
-        stream = pipe.stream_tokens(ids, max_tokens=200, spec=DraftSpec("chain", 3))
-        shown = [t for _, record in zip(range(3), stream) for t in record.token_ids]
-        stream.close()
-        assert len(shown) > 3 and pipe.engine.cached == ids + shown[:-1]
+        ids, shown = pipe.encode_chat(MESSAGES), []
+        records = pipe.stream_tokens(ids, max_tokens=200, spec=DraftSpec("chain", 3), should_stop=lambda: len(shown) >= 6)
+        for record in records:
+            shown += record.token_ids
+        assert record.stats.finish_reason == "interrupted" and 6 <= len(shown) < 200
+        assert pipe.engine.cached == ids + shown[:-1]
         assert pipe.engine.target.n_cached == len(pipe.engine.cached)
 
 

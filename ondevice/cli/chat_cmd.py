@@ -150,21 +150,15 @@ def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: b
     if dropped:
         err.print(f"[dim]the conversation no longer fits the context ({n_ctx} tokens): dropped its oldest {dropped} messages[/]")
     parts, stats, splitter = [], None, ThinkSplitter()
-    with ctrl_c_stops_the_answer() as stop:
-        stream = pipe.stream_tokens(ids, max_tokens=settings["max_tokens"], sampling=sampling, spec=spec)
-        try:
-            for rec in stream:
-                show(splitter.push(rec.text))
-                parts.append(rec.text)
-                stats = rec.stats or stats
-                if stop.is_set():
-                    break
-        finally:
-            stream.close()  # the engine stops at a pass boundary: its cache holds the tokens shown
+    with ctrl_c_stops_the_answer() as stop:  # the engine stops before its next target pass
+        for rec in pipe.stream_tokens(ids, max_tokens=settings["max_tokens"], sampling=sampling, spec=spec, should_stop=stop.is_set):
+            show(splitter.push(rec.text))
+            parts.append(rec.text)
+            stats = rec.stats or stats
     show(splitter.flush())
     print()
-    if stats is None:
-        err.print("[dim]stopped; this answer is left out of the conversation[/]")
+    if stats.finish_reason == "interrupted":
+        err.print(f"[dim]stopped; this answer is left out of the conversation · {stats_line(stats, pipe.plan)}[/]")
         return None
     err.print(f"[dim]{stats_line(stats, pipe.plan)}[/]")
     return "".join(parts)

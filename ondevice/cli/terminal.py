@@ -4,7 +4,7 @@
 (or that the kernel hands to another thread, e.g. one of llama.cpp's) leaves the read blocked and the
 KeyboardInterrupt pending forever. `LineReader` waits for input in short `select` steps instead:
 Python runs signal handlers between them, so Ctrl-C at the prompt always raises KeyboardInterrupt.
-`ctrl_c_stops_the_answer` turns the first Ctrl-C during an answer into a flag the answer loop checks.
+`ctrl_c_stops_the_answer` turns the first Ctrl-C during an answer into a flag the engine checks.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class LineReader:
 
 @contextmanager
 def ctrl_c_stops_the_answer():
-    """While answering, the first Ctrl-C (SIGINT) sets the event the answer loop checks after each
-    target pass (the engine is never cut mid-pass); a second one interrupts at once (quits)."""
+    """While answering, the first Ctrl-C (SIGINT) sets the event the engine checks before each target
+    pass (`should_stop`: it is never cut mid-pass); a second one interrupts at once (quits)."""
     stop = threading.Event()
 
     def on_sigint(signum, frame):
