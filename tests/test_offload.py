@@ -23,7 +23,6 @@ from ondevice.errors import OndeviceError
 from ondevice.offload.build import gguf_layouts, gguf_names_from_table, offload_blocks, param_layouts, plan_for
 from ondevice.offload.placement import Placement, plan_placement
 from ondevice.sizes import parse_size
-from ondevice.paths import models_dir
 from ondevice.quant import groupwise
 from ondevice.quant.groupwise import GroupSpec
 from ondevice.target import weights
@@ -33,7 +32,6 @@ from ondevice.tree import DraftTree
 from tiny_models import write_tiny_gguf
 
 MB = 10**6
-REAL_1_5B = models_dir() / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
 
 # --- placement ---------------------------------------------------------------------------------
@@ -321,10 +319,10 @@ def test_tiny_target_streamed_equals_resident(tmp_path, arch, file_dtype):
     streamed.streamer.close()
 
 
-@pytest.mark.skipif(not REAL_1_5B.is_file(), reason="the real 1.5B GGUF is not downloaded")
-def test_real_layers_streamed_as_gguf_blocks_equal_resident():
+def test_real_layers_streamed_as_gguf_blocks_equal_resident(real_pair):
     """Two real Qwen2.5-1.5B layers (Q4_K / Q6_K): streamed as blocks == loaded by gguf's numpy."""
-    reader = gguf.GGUFReader(REAL_1_5B)
+    real_1_5b = real_pair.target
+    reader = gguf.GGUFReader(real_1_5b)
     args = dataclasses.replace(weights.gguf_model_args(reader), n_layers=2)
     with torch.device("meta"):
         blocks = nn.ModuleList(TransformerBlock(args) for _ in range(2))
@@ -339,9 +337,9 @@ def test_real_layers_streamed_as_gguf_blocks_equal_resident():
             state[f"{i}.{param}"] = torch.from_numpy(np.require(w, np.float32, ["C", "W"])).to(torch.bfloat16)
     blocks.load_state_dict(state, assign=True)
     reference = copy.deepcopy(blocks)
-    layouts = gguf_layouts(blocks, str(REAL_1_5B), GGUF_NAMES)
+    layouts = gguf_layouts(blocks, str(real_1_5b), GGUF_NAMES)
     placement = fixed_placement(layouts, (), (0,), (1,))
-    streamer = offload_blocks(blocks, placement, "cpu", layouts, model_path=str(REAL_1_5B))
+    streamer = offload_blocks(blocks, placement, "cpu", layouts, model_path=str(real_1_5b))
     for stack in (blocks, reference):
         for block in stack:
             block.attention.kv_cache = KVCache(1, args.n_kv_heads, 8, args.head_dim, torch.bfloat16, "cpu")

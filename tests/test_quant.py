@@ -16,11 +16,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT, GGUFReader
 from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 from offload_toys import K_SCALE_FIELDS, random_k_blocks
-from ondevice.paths import models_dir
 from ondevice.quant import gguf_blocks, groupwise
 from ondevice.quant.groupwise import GroupSpec
 
-REAL_1_5B = models_dir() / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 # one of each type the file uses (Q4_K, Q6_K, F32), small enough to check in a second
 REAL_TENSORS = [
     "blk.0.attn_q.weight",
@@ -42,10 +40,8 @@ def assert_bit_exact(ours: torch.Tensor, reference: np.ndarray) -> None:
 
 
 @pytest.fixture(scope="module")
-def real_tensors():
-    if not REAL_1_5B.is_file():
-        pytest.skip("the real 1.5B GGUF is not downloaded")
-    return {t.name: t for t in GGUFReader(REAL_1_5B).tensors}  # ~15 s: gguf parses the whole vocab
+def real_tensors(real_pair):
+    return {t.name: t for t in GGUFReader(real_pair.target).tensors}  # ~15 s: gguf parses the whole vocab
 
 
 @pytest.mark.parametrize("name", REAL_TENSORS)
