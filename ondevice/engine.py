@@ -16,6 +16,7 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.overlap import Guess, Overlap
+from ondevice.plan.ram import disk_read_bytes
 from ondevice.protocols import Drafter, DraftSpec, Target
 from ondevice.tree import DraftTree, common_prefix
 from ondevice.verify import Sampling, verify
@@ -43,6 +44,8 @@ class Stats:
     prepared_trees: int = 0  # trees drafted for a guessed outcome while the target verified
     overlap_hits: int = 0  # rounds that verified a prepared tree (no drafting between passes)
     total_seconds: float = 0.0
+    disk_read_bytes: int | None = None  # read from storage while decoding (None: the OS does not say)
+    pass_seconds: list[tuple[int, float]] = field(default_factory=list)  # (tree nodes, seconds) per target pass
     finish_reason: str = ""
     accepted_per_pass: list[int] = field(default_factory=list)
     spec: DraftSpec | None = None  # how this answer was drafted (None: target alone)
@@ -50,6 +53,14 @@ class Stats:
     @property
     def tokens_per_pass(self) -> float:
         return self.tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def bytes_read_per_pass(self) -> float | None:
+        """Storage reads per target pass while decoding: ~0 when the target is in RAM, about the
+        model's size when it streams from disk."""
+        if self.disk_read_bytes is None or not self.target_passes:
+            return None
+        return self.disk_read_bytes / self.target_passes
 
     @property
     def decode_seconds(self) -> float:
@@ -126,7 +137,9 @@ class SpecEngine:
         if not self.overlap or self.drafter is None or spec is None or spec.budget <= 0:
             t0 = time.perf_counter()
             logits = self.target.forward_tree(tree)
-            stats.verify_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            stats.verify_seconds += seconds
+            stats.pass_seconds.append((len(tree), seconds))
             return logits, None
         if self._worker is None:
             self._worker = Overlap(self.target, self.drafter)
@@ -139,18 +152,21 @@ class SpecEngine:
         sampling: Sampling = Sampling(),
         spec: DraftSpec | None = None,
         rule: str = "specexec",
-        observe: Callable[[DraftTree, list[int]], None] | None = None,
+        observe: Callable[[DraftTree, list[int], float], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        replan: Callable[[], DraftSpec | None] | None = None,
     ) -> Iterator[Step | Stats]:
-        """Decode up to max_tokens after `prompt`. observe(tree, accepted path) sees every verified
-        tree of this call (the planner's acceptance tracking, for the answers it planned).
-        should_stop() is asked before every target pass: True ends the answer there (finish_reason
-        "interrupted"); `cached` still names the tokens whose KV the target holds."""
+        """Decode up to max_tokens after `prompt`. observe(tree, accepted path, pass seconds) sees
+        every verified tree of this call (the planner's acceptance and pass-time tracking, for the
+        answers it planned). should_stop() is asked before every target pass: True ends the answer
+        there (finish_reason "interrupted"); `cached` still names the tokens whose KV the target
+        holds. replan(), if given, gives the spec of every round after the first."""
         if self.closed:
             raise OndeviceError("this pipeline is closed (its models were freed); load it again.")
         stats = Stats(prompt_tokens=len(prompt), spec=spec if self.drafter is not None else None)
         start = time.perf_counter()
         self._sync_prompt(prompt, stats)
+        read_at_start = disk_read_bytes()
         rng = np.random.default_rng(sampling.seed)
         context = list(prompt)
         room = self.target.n_ctx - len(prompt)
@@ -162,6 +178,8 @@ class SpecEngine:
             if should_stop is not None and should_stop():
                 stats.finish_reason = "interrupted"
                 break
+            if replan is not None and stats.target_passes:
+                spec = stats.spec = replan()
             if prepared is not None:
                 tree, prepared = prepared, None
                 stats.overlap_hits += 1
@@ -175,7 +193,7 @@ class SpecEngine:
             if guess is not None:
                 prepared = guess.next_tree(verdict)
             if observe is not None:
-                observe(tree, verdict.path)
+                observe(tree, verdict.path, stats.pass_seconds[-1][1])
             self.cached.extend(int(tree.tokens[i]) for i in verdict.path)
             stats.target_passes += 1
             stats.drafted_nodes += len(tree) - 1
@@ -195,4 +213,6 @@ class SpecEngine:
                 stats.finish_reason = "stop"
                 break
         stats.total_seconds = time.perf_counter() - start
+        read_now = disk_read_bytes()
+        stats.disk_read_bytes = None if read_now is None or read_at_start is None else read_now - read_at_start
         yield stats

@@ -111,6 +111,41 @@ def check_gguf_file(path: str | Path) -> Path:
     return path
 
 
+@functools.cache
+def _ggml_get_name():
+    """ggml's tensor-name getter (libggml-base, shipped beside llama-cpp-python's libllama)."""
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_get_name.restype = ctypes.c_char_p
+    lib.ggml_get_name.argtypes = [ctypes.c_void_p]
+    return lib.ggml_get_name
+
+
+OUTPUT_LAYER = "output"  # what layer_callback reports once the LM head has computed
+
+
+def layer_callback(on_layer):
+    """A llama.cpp eval callback that calls on_layer(i) as each decoder layer i finishes computing
+    and on_layer(OUTPUT_LAYER) after the LM head (llama.cpp names them `l_out-{i}` and
+    `result_output`; asking for those nodes splits the graph there). Keep the returned object alive
+    as long as the context uses it."""
+    get_name = _ggml_get_name()
+
+    @llama_cpp.ggml_backend_sched_eval_callback
+    def callback(tensor, ask, user_data):
+        name = get_name(tensor) or b""
+        if name.startswith(b"l_out-"):
+            layer = int(name[6:])
+        elif name == b"result_output":
+            layer = OUTPUT_LAYER
+        else:
+            return not ask  # not observed: the graph runs on (a later call would mean "go on")
+        if not ask:
+            on_layer(layer)
+        return True
+
+    return callback
+
+
 # --- models -----------------------------------------------------------------------------------
 
 
@@ -207,6 +242,7 @@ class LlamaContext:
         kv_type: str = "f32",
         embeddings_input: bool = False,
         n_outputs_max: int | None = None,
+        eval_callback=None,
     ):
         if kv_type not in KV_TYPES:
             raise OndeviceError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}.")
@@ -227,6 +263,9 @@ class LlamaContext:
         params.kv_unified = True
         params.type_k = params.type_v = KV_TYPES[kv_type]
         params.no_perf = True
+        if eval_callback is not None:  # e.g. layer_callback(...): kept alive with the context
+            params.cb_eval, params.cb_eval_user_data = eval_callback, None
+        self._eval_callback = eval_callback
         self.handle = llama_cpp.llama_init_from_model(model.handle, params)
         if not self.handle:
             raise OndeviceError(

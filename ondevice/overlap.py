@@ -119,6 +119,7 @@ class Overlap:
         if next_spec is None:
             logits, forward_s = _timed(self.target.forward_tree, tree)
             stats.verify_seconds += forward_s
+            stats.pass_seconds.append((len(tree), forward_s))
             return logits, None
         guess_context = list(context) + [int(t) for t in tree.tokens[path[1:]]]
         t0 = time.perf_counter()
@@ -130,6 +131,7 @@ class Overlap:
         logits, forward_s = future.result()
         wall = time.perf_counter() - t0
         stats.verify_seconds += forward_s
+        stats.pass_seconds.append((len(tree), forward_s))
         stats.draft_seconds += draft_s
         stats.concurrent_seconds += max(0.0, draft_s + forward_s - wall)
         stats.prepared_trees += 1

@@ -20,7 +20,10 @@ from ondevice.plan.auto import CPU_MAX_TREE, AutoPlanner
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
-from ondevice.plan.hardware import default_threads
+from ondevice.plan.hardware import cuda_available, default_threads, usable_cores
+from ondevice.plan.memory import MemoryPlan, ModelSize, plan_memory
+from ondevice.plan.ram import RamBudget, anon_rss, disk_read_bytes, peak_rss, ram_budget
+from ondevice.target.page_cache import WINDOW_AHEAD
 from ondevice.protocols import DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
 from ondevice.sizes import parse_size
 from ondevice.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
@@ -87,6 +90,8 @@ class Pipeline:
     backends: "ProfileBackends | None" = None
     planner: AutoPlanner | None = None
     plan: Plan | None = None  # the planner's plan for the last answer; None when the caller chose the tree
+    memory: MemoryPlan | None = None  # where a llama.cpp target lives and how the buffers are sized
+    overlap_choice: bool | None = None  # --overlap/--no-overlap; None: as the plan says
 
     def resolve(self, spec: DraftSpec | None, sampling: Sampling) -> DraftSpec | None:
         """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only);
@@ -105,6 +110,23 @@ class Pipeline:
         if planned is not None and spec.budget > 0:  # --budget given: the planner's builder at that budget
             planned = replace(planned, budget=spec.budget, max_depth=None)
         return planned
+
+    def _replan(self) -> DraftSpec | None:
+        """Between rounds of a planned answer: the planner's spec, re-chosen when the pass times moved."""
+        spec = self.planner.replan()
+        self.plan = self.planner.plan
+        self._follow_overlap()
+        return spec
+
+    def _follow_overlap(self) -> None:
+        """Overlap drafting with verification as --overlap/--no-overlap chose, else as the plan says
+        (a tree the caller fixed: where the drafter has its own hardware, `overlap_possible`)."""
+        if self.overlap_choice is not None:
+            self.engine.overlap = self.overlap_choice
+        elif self.plan is not None:
+            self.engine.overlap = self.plan.overlap
+        elif self.backends is not None:
+            self.engine.overlap = self.backends.overlap_possible
 
     def encode_chat(self, messages: list[dict[str, str]], think: bool | None = None) -> list[int]:
         """The conversation through the target's chat template; think: Qwen3's thinking switch (None: its default)."""
@@ -142,8 +164,11 @@ class Pipeline:
         decoder = StreamDecoder(self.tokenizer)
         spec = self.resolve(spec, sampling)
         planner = self.planner if self.plan is not None else None  # it learns only from the answers it planned
+        self._follow_overlap()
         answer: list[int] = []
-        for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule, planner.observe if planner else None, should_stop):
+        replan = self._replan if planner is not None else None
+        observe = planner.observe if planner else None
+        for item in self.engine.generate(prompt_ids, max_tokens, sampling, spec, rule, observe, should_stop, replan):
             if isinstance(item, Step):
                 answer += item.tokens
                 yield Record(decoder.push(item.tokens), item.tokens, item.from_draft)
@@ -171,7 +196,11 @@ class Pipeline:
             "target_backend": self.target_backend,
             "model": self.pair.name,
             "plan": plan_as_dict(self.plan) if self.plan else None,
-            **_placement_json(self.engine.target),
+            **_placement_json(self.engine.target, self.memory),
+            "peak_rss_bytes": peak_rss(),  # this process's own footprint (its memory and mapped pages)
+            "anon_rss_bytes": anon_rss(),
+            "disk_read_bytes": stats.disk_read_bytes,  # read from storage while decoding
+            "bytes_read_per_pass": stats.bytes_read_per_pass,
         }
 
     def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:
@@ -179,9 +208,12 @@ class Pipeline:
         return self.stream_tokens(ids, **kwargs)
 
 
-def _placement_json(target) -> dict:
-    """Where the target's layers live (ollama `ps` style) and the bytes streamed per pass."""
+def _placement_json(target, memory: MemoryPlan | None = None) -> dict:
+    """Where the target lives: its layers' tiers (ollama `ps` style) and the bytes streamed per pass;
+    for a llama.cpp target the memory plan (in RAM, or streamed from disk through the page cache)."""
     placement = getattr(target, "placement", None)
+    if placement is None and memory is not None:
+        return {"placement": {"target": memory.placement, **memory.to_dict()}, "bytes_streamed_per_pass": memory.bytes_read_per_pass}
     if placement is None:
         return {"placement": {"on_device": "all", "from_ram": 0, "from_disk": 0}, "bytes_streamed_per_pass": 0}
     return {
@@ -194,16 +226,18 @@ def _placement_json(target) -> dict:
 def pick_backend(name: str) -> str:
     if name != "auto":
         return name
-    import torch
-
-    return "torch" if torch.cuda.is_available() else "llama"  # on a CPU-only machine llama.cpp is the fast target
+    return "torch" if cuda_available() else "llama"  # on a CPU-only machine llama.cpp is the fast target
 
 
-def _load_target(backend: str, path, opts: LoadOptions, threads: int):
+def _load_target(backend: str, path, opts: LoadOptions, threads: int, memory: MemoryPlan | None = None):
     if backend == "llama":
         from ondevice.target.llama_target import LlamaTarget
 
-        return LlamaTarget(path, n_ctx=opts.n_ctx, threads=threads)
+        if memory is None:
+            return LlamaTarget(path, n_ctx=opts.n_ctx, threads=threads)
+        return LlamaTarget(path, n_ctx=opts.n_ctx, threads=threads, max_tree_nodes=memory.sizes.max_tree,
+                           n_ubatch=memory.sizes.target_ubatch, streams=memory.streams, window=memory.ahead,
+                           kept_layers=memory.kept_layers(memory.ahead))
     if backend == "onnx":
         from ondevice.target.onnx_target import OnnxTarget
 
@@ -223,7 +257,10 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int):
     return TorchTarget.from_gguf(path, device=device, n_ctx=opts.n_ctx, threads=threads)
 
 
-def _load_drafter(backend: str, path, opts: LoadOptions, threads: int, target_vocab: int | None = None, vocab_trim: bool | None = None):
+def _load_drafter(backend: str, path, opts: LoadOptions, threads: int, target_vocab: int | None = None, vocab_trim: bool | None = None,
+                  memory: MemoryPlan | None = None):
+    """The drafter; a llama.cpp one has its buffers sized by the memory plan, and its weights
+    resident (read, not mapped) when the target streams."""
     vocab_trim = opts.vocab_trim if vocab_trim is None else vocab_trim
     if backend == "onnx":
         from ondevice.draft.onnx_drafter import OnnxDrafter
@@ -231,7 +268,9 @@ def _load_drafter(backend: str, path, opts: LoadOptions, threads: int, target_vo
         return OnnxDrafter(path, n_ctx=opts.n_ctx, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab)
     from ondevice.draft.llama_drafter import LlamaDrafter
 
-    return LlamaDrafter(path, n_ctx=opts.n_ctx, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab)
+    sized = {} if memory is None else {"max_tree": memory.sizes.max_tree, "resident": memory.streams, "kv_type": memory.drafter_kv,
+                                       "n_batch": memory.sizes.drafter_ubatch}
+    return LlamaDrafter(path, n_ctx=opts.n_ctx, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab, **sized)
 
 
 def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str, str]:
@@ -273,17 +312,38 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
     threads = opts.threads or default_threads()
     tokenizer = Tokenizer(models.target)
     backend, drafter_backend = pick_backends(opts, models, threads)
+    memory = memory_plan(models, opts, backend, drafter_backend)
     drafter = None
     if models.drafter is not None:
         check_same_vocab(tokenizer, Tokenizer(models.drafter))
-        drafter = _load_drafter(drafter_backend, models.drafter, opts, threads, target_vocab=tokenizer.n_vocab)
-    target = _load_target(backend, models.target, opts, threads)
-    backends = _profile_backends(models, backend, drafter_backend, threads, opts, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
-    overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU both would fight for the cores
+        drafter = _load_drafter(drafter_backend, models.drafter, opts, threads, target_vocab=tokenizer.n_vocab, memory=memory)
+    target = _load_target(backend, models.target, opts, threads, memory)
+    backends = _profile_backends(models, backend, drafter_backend, threads, opts, lambda: target, (lambda: drafter.probe_batch) if drafter else None,
+                                 memory)
+    overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
     engine = SpecEngine(target, _with_lookup(drafter, target.n_vocab, opts.draft), tokenizer.is_end, overlap=overlap)
-    placement = target.placement_summary() if backend in ("torch", "onnx") else "all layers on CPU (llama.cpp)"
+    placement = target.placement_summary() if backend in ("torch", "onnx") else memory.describe()
     info = {"threads": threads, "drafter_backend": drafter_backend if drafter else None}
-    return Pipeline(models, tokenizer, engine, backend, placement=placement, info=info, backends=backends)
+    return Pipeline(models, tokenizer, engine, backend, placement=placement, info=info, backends=backends, memory=memory,
+                    overlap_choice=opts.overlap)
+
+
+def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend: str = "llama") -> MemoryPlan | None:
+    """Where a llama.cpp target lives (RAM or streamed from disk) and how its buffers (and a llama.cpp
+    drafter's) are sized, within --ram-memory or the RAM this process may use; None for the torch
+    and ONNX targets, which plan their own memory."""
+    if backend != "llama":
+        return None
+    from ondevice.draft.trimmed_input import TrimmedHead
+
+    drafter = None
+    if models.drafter is not None and drafter_backend == "llama":
+        head = TrimmedHead.find(models.drafter) if opts.vocab_trim else None
+        drafter = ModelSize.from_gguf(head.gguf_path if head else models.drafter)
+    budget = ram_budget()
+    if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
+        budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
+    return plan_memory(ModelSize.from_gguf(models.target), drafter, n_ctx=opts.n_ctx, budget=budget, ahead=WINDOW_AHEAD)
 
 
 def _with_lookup(drafter, n_vocab: int, draft: bool = True):
@@ -299,9 +359,7 @@ def _with_lookup(drafter, n_vocab: int, draft: bool = True):
 
 def backend_label(backend: str, threads: int) -> str:
     """How a target runs, as profiles are keyed: e.g. "llama-cpu-t2", "torch-cuda-t8"."""
-    import torch
-
-    on_gpu = backend == "torch" and torch.cuda.is_available()
+    on_gpu = backend == "torch" and cuda_available()
     return f"{backend}-{'cuda' if on_gpu else 'cpu'}-t{threads}"
 
 
@@ -317,25 +375,32 @@ def load_model_file(path, role: str, opts: LoadOptions):
     return backend_label(backend, threads), _load_target(backend, path, opts, threads)
 
 
-def _profile_backends(models: Models, target: str, drafter: str, threads: int, opts: LoadOptions, make_target=None, make_decode_batch=None):
+def _profile_backends(models: Models, target: str, drafter: str, threads: int, opts: LoadOptions, make_target=None, make_decode_batch=None,
+                      memory: MemoryPlan | None = None):
     """What the profile measures: the loaded target and drafter (factories given), and the other
     CPU backends `ondevice profile` compares them with. One profile file per pair and machine setup
-    ("cpu-t2", "cuda-t16"): every backend's curves live in it."""
+    ("cpu-t2", "cuda-t16"; "cpu-t2-stream" when the memory plan streams the target from disk, another
+    regime): every backend's curves live in it."""
     from ondevice.plan.profile import ProfileBackends
-    import torch
 
-    on_gpu = target == "torch" and torch.cuda.is_available()
+    on_gpu = target == "torch" and cuda_available()
+    streams = memory is not None and memory.streams
+    spare_cores = usable_cores() >= 2 * threads  # the drafter would not take the target's cores
     files = [(models.target, models.target_sha256)] + ([(models.drafter, models.drafter_sha256)] if models.drafter else [])
     others_t = {name: (lambda name=name: _load_target(name, models.target, opts, threads)) for name in CPU_BACKENDS if name != target}
     others_d = {} if models.drafter is None else {
         name: (lambda name=name: _load_drafter(name, models.drafter, opts, threads).probe_batch) for name in CPU_BACKENDS if name != drafter
     }  # fmt: skip
+    if streams:  # the other backends would not run within the plan: only the loaded ones are measured
+        others_t, others_d = {}, {}
+    sized_drafter = lambda: _load_drafter(drafter, models.drafter, opts, threads, memory=memory).probe_batch  # noqa: E731
     return ProfileBackends(
         pair=models.name, backend=backend_label(target, threads), model_files=files,
-        make_target=make_target or (lambda: _load_target(target, models.target, opts, threads)),
-        make_decode_batch=make_decode_batch if make_decode_batch or models.drafter is None else (lambda: _load_drafter(drafter, models.drafter, opts, threads).probe_batch),
-        overlap_possible=on_gpu, max_tree=_largest_tree(on_gpu), target_name=target, drafter_name=drafter,
-        other_targets={} if on_gpu else others_t, other_drafters=others_d, key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}",
+        make_target=make_target or (lambda: _load_target(target, models.target, opts, threads, memory)),
+        make_decode_batch=make_decode_batch if make_decode_batch or models.drafter is None else sized_drafter,
+        overlap_possible=on_gpu or spare_cores, max_tree=min(_largest_tree(on_gpu), memory.sizes.max_tree if memory else MAX_BUDGET),
+        target_name=target, drafter_name=drafter, other_targets={} if on_gpu else others_t, other_drafters=others_d,
+        key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if streams else ""), memory=memory,
     )  # fmt: skip
 
 
@@ -346,4 +411,5 @@ def load_backends(opts: LoadOptions):
     if models.drafter is None:
         raise OndeviceError("`ondevice profile` measures a target and its drafter: pass --drafter FILE.")
     threads = opts.threads or default_threads()
-    return _profile_backends(models, *pick_backends(opts, models, threads), threads, opts)
+    target, drafter = pick_backends(opts, models, threads)
+    return _profile_backends(models, target, drafter, threads, opts, memory=memory_plan(models, opts, target, drafter))

@@ -13,13 +13,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ondevice.eval import prompts as prompt_sets
-from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, run_config
+from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_same, run_config
+from ondevice.eval.llamacpp_rows import llamacpp_name
 from ondevice.eval.measured import record_bench
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec
 from ondevice.errors import OndeviceError
 from ondevice.pipeline import LoadOptions
 from ondevice.plan.hardware import machine_facts
+from ondevice.plan.ram import peak_rss
 from ondevice.verify import Sampling
 
 
@@ -32,16 +34,22 @@ def parse_list(text: str, kind=str) -> list:
 
 def results_table(results: list[BenchResult], baseline: BenchResult | None) -> Table:
     table = Table(title="ondevice bench (decode only; prompt processing excluded)")
-    for col in ("config", "tokens/pass", "tok/s", "speedup", "draft ms/pass", "draft s", "verify s", "other s", "predicted tok/s"):
+    columns = ("config", "tokens/pass", "tok/s", "speedup", "draft ms/pass", "draft s", "verify s", "other s", "predicted tok/s",
+               "GB read/pass", "peak RSS", "= target alone")
+    for col in columns:
         table.add_column(col, justify="right" if col != "config" else "left")
     for r in results:
         if r.error:
-            table.add_row(r.config, "-", "skipped", "-", "-", "-", "-", "-", "-")
+            table.add_row(r.config, "-", "skipped", *["-"] * (len(columns) - 3))
             continue
         speed = f"{r.tokens_per_second / baseline.tokens_per_second:.2f}×" if baseline and baseline.tokens_per_second else "-"
         pred = f"{r.predicted_tokens_per_second:.1f}" if r.predicted_tokens_per_second else "-"
-        table.add_row(r.config, f"{r.tokens_per_pass:.2f}", f"{r.tokens_per_second:.2f}", speed, f"{r.draft_ms_per_pass:.0f}", f"{r.draft_seconds:.1f}",
-                      f"{r.verify_seconds:.1f}", f"{r.other_seconds:.1f}", pred)
+        read = f"{r.bytes_read_per_pass / 1e9:.2f}" if r.bytes_read_per_pass is not None else "-"
+        rss = f"{r.peak_rss_bytes / 1e9:.2f} GB" if r.peak_rss_bytes else "-"
+        same = f"{r.same_as_target}/{r.prompts}" if r.same_as_target is not None else "-"
+        per_pass = f"{r.tokens_per_pass:.2f}" if r.target_passes else "-"
+        table.add_row(r.config, per_pass, f"{r.tokens_per_second:.2f}", speed, f"{r.draft_ms_per_pass:.0f}", f"{r.draft_seconds:.1f}",
+                      f"{r.verify_seconds:.1f}", f"{r.other_seconds:.1f}", pred, read, rss, same)
     return table
 
 
@@ -61,7 +69,8 @@ def save_report(out: str | None, pipe, results: list[BenchResult], max_tokens: i
     backends = [f"{t}/{d}" for t, d in pairs] if pairs and pairs[0] else [f"{pipe.target_backend}/{pipe.info.get('drafter_backend')}"]
     report = {"model": pipe.pair.name, "target_backend": pipe.target_backend, "backends": backends, "machine": platform.processor() or platform.machine(),
               "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": prompts, "prompt_set": prompt_set,
-              "results": [r.to_dict() for r in results], "sweep": sweep_verdict(results), "curves": curves}
+              "results": [r.to_dict() for r in results], "sweep": sweep_verdict(results), "curves": curves,
+              "placement": pipe.memory.to_dict() if pipe.memory is not None else pipe.placement}
     if out:
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
     record_bench(machine_facts().fingerprint(), pipe.pair.name, pipe.backends.backend, results)  # beside `models --predict`
@@ -73,15 +82,19 @@ def report_line(result: BenchResult, as_json: bool) -> None:
         err.print(f"{result.config}: {result.tokens_per_pass:.2f} tokens/pass, {result.tokens_per_second:.2f} tok/s")
 
 
-def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sampling, advance) -> BenchResult:
-    """`--tree auto` as a chat runs it: the planner re-plans before each prompt and learns after it."""
+def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sampling, advance) -> tuple[BenchResult, list[list[int]]]:
+    """`--tree auto` as a chat runs it: the planner re-plans before each prompt (and between rounds
+    when the passes change) and learns after it. Returns the row and the answers' token ids."""
     result = BenchResult("auto", "auto", 0)
-    plans = []
+    plans, outputs = [], []
     for ids in prompts:
         pipe.engine.cached = []
+        tokens = []
         for record in pipe.stream_tokens(ids, max_tokens=max_tokens, sampling=sampling, spec=spec):
+            tokens += record.token_ids
             if record.stats is not None:
                 result.add(record.stats)
+        outputs.append(tokens)
         plans.append(pipe.plan)
         advance()
     labels = Counter("target only" if p.budget == 0 else f"{p.builder} @{p.budget}" for p in plans)
@@ -89,7 +102,7 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
     if plans[-1].fallback_reason:
         result.config += f" — fallback: {plans[-1].fallback_reason}"
     result.predicted_tokens_per_second = sum(p.predicted_tokens_per_second for p in plans) / len(plans)
-    return result
+    return result, outputs
 
 
 def parse_backends(text: str) -> list[tuple[str, str]]:
@@ -116,27 +129,60 @@ def measure_curves(pipe, as_json: bool) -> dict:
     return {"targets": {k: c.to_dict() for k, c in profile.targets.items()}, "drafters": {k: c.to_dict() for k, c in profile.drafters.items()}}
 
 
-def bench_specs(pipe, ids: list[list[int]], specs, max_tokens: int, sampling: Sampling, as_json: bool, prefix: str = ""):
-    """Yield one BenchResult per configuration (the target alone, auto, each tree and budget) on this pipeline."""
+def progress_bars(as_json: bool) -> Progress:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, disable=as_json) as progress:
+    return Progress(*columns, console=err, disable=as_json)
+
+
+def finish_row(result: BenchResult, outputs, reference, as_json: bool) -> None:
+    """A row is done: this process's peak memory so far, how many answers equal the target alone's, one log line."""
+    result.peak_rss_bytes = peak_rss()
+    result.same_as_target = count_same(outputs, reference) if outputs is not None else None
+    report_line(result, as_json)
+
+
+def bench_specs(pipe, ids: list[list[int]], specs, max_tokens: int, sampling: Sampling, as_json: bool, prefix: str = "", reference=None):
+    """Yield (BenchResult, answers) per configuration (the target alone, auto, each tree and budget) on
+    this pipeline; `reference`: the target alone's answers, when known before it runs here."""
+    with progress_bars(as_json) as progress:
         for spec in specs:
             auto = spec is not None and spec.builder == "auto"
             task = progress.add_task(prefix + ("auto" if auto else config_name(spec)), total=len(ids))
+            advance = lambda: progress.advance(task)  # noqa: E731
             if auto:  # re-planned before every prompt and learning after each, as in a chat
-                result = run_auto(pipe, ids, spec, max_tokens, sampling, lambda: progress.advance(task))
+                result, outputs = run_auto(pipe, ids, spec, max_tokens, sampling, advance)
             else:
                 label = config_name(spec)
                 predicted = pipe.planner.predict(spec.builder, spec.budget) if spec and pipe.planner else None
                 try:
-                    result, _ = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=lambda: progress.advance(task))
+                    result, outputs = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=advance)
                 except OndeviceError as e:  # one configuration this machine cannot run: say so, measure the rest
-                    result = BenchResult(label, spec.builder, spec.budget, error=str(e))
+                    result, outputs = BenchResult(label, spec.builder, spec.budget, error=str(e)), None
                     err.print(f"{label}: skipped — {e}")
                 result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
             result.config = prefix + result.config
-            report_line(result, as_json)
-            yield result
+            reference = outputs if spec is None and reference is None else reference
+            finish_row(result, outputs, reference, as_json)
+            yield result, outputs
+
+
+def run_baselines(names: list[str], pipe, ids, max_tokens: int, reference, as_json: bool) -> list[BenchResult]:
+    """llama-cpp-python's rows (eval/llamacpp_rows.py) on the same prompts under the same limit; the
+    pipeline's models are freed first, so they do not share the RAM with them."""
+    from ondevice.eval import llamacpp_rows
+
+    models, n_ctx, threads = pipe.pair, pipe.engine.target.n_ctx, pipe.info["threads"]
+    pipe.engine.close()  # the models go; the tokenizer stays (is_end)
+    rows = []
+    with progress_bars(as_json) as progress:
+        for name in names:
+            label = llamacpp_rows.label(name)
+            task = progress.add_task(label, total=len(ids))
+            result, outputs = llamacpp_rows.run_named(name, models, n_ctx, threads, ids, max_tokens, pipe.tokenizer.is_end,
+                                                      on_prompt=lambda: progress.advance(task))
+            finish_row(result, outputs, reference, as_json)
+            rows.append(result)
+    return rows
 
 
 @opt.load_options
@@ -166,6 +212,11 @@ def bench(
         "their latency curves are measured first, then every configuration runs on each pair; speedups are over the first "
         "pair's target alone. Default: the pair --target-backend/--drafter-backend load.",
     ),
+    baselines: str = typer.Option(
+        None, "--baselines", help="Also run what a llama.cpp user would, after ondevice's rows (its models freed first): "
+        "llama-cpp (llama-cpp-python's Llama, the target alone), llama-cpp-spec@K (its speculative decoding, a greedy chain of K "
+        "tokens from the drafter; default K 4). Comma-separated.",
+    ),
     *,
     load: LoadOptions,
 ) -> None:
@@ -189,16 +240,21 @@ def bench(
         specs = [None]
     pairs = parse_backends(backends) if backends else [None]
     texts = sets[prompt_set][: limit or None]
-    results, report, curves = [], None, None
-    for pair in pairs:
+    names = [llamacpp_name(n) for n in parse_list(baselines)] if baselines else []
+    results, report, curves, reference = [], None, None, None
+    for i, pair in enumerate(pairs):
         pipe = load_pipeline(load if pair is None else replace(load, target_backend=pair[0], drafter_backend=pair[1]))
         if len(pairs) > 1 and curves is None:
             curves = measure_curves(pipe, as_json)  # the backends' latency curves, in this run
         prefix = f"{pipe.target_backend}/{pipe.info.get('drafter_backend') or '-'}: " if len(pairs) > 1 else ""
         ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
-        for result in bench_specs(pipe, ids, specs, max_tokens, sampling, as_json, prefix):
+        for result, outputs in bench_specs(pipe, ids, specs, max_tokens, sampling, as_json, prefix, reference):
+            reference = outputs if reference is None and result.budget == 0 and result.builder == "none" else reference
             results.append(result)
             report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set, pairs, curves)  # after each: a long sweep keeps what it measured
+        if names and i == len(pairs) - 1:  # after everything else, under the same limit
+            results += run_baselines(names, pipe, ids, max_tokens, reference, as_json)
+            report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set, pairs, curves)
         pipe.close()
     verdict = report["sweep"]
     if as_json:

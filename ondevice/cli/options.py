@@ -49,7 +49,7 @@ TargetBackend = Annotated[str, typer.Option("--target-backend", help="llama (lla
 DrafterBackend = Annotated[str, typer.Option("--drafter-backend", help="llama (llama.cpp) or onnx (ONNX Runtime) for the drafter, or auto: the fastest this machine measured (`ondevice profile`), else llama.")]
 VocabTrim = Annotated[bool, typer.Option("--vocab-trim/--no-vocab-trim", help="Draft with the trimmed-vocabulary drafter when one is built.")]
 GpuMemory = Annotated[Optional[str], typer.Option("--gpu-memory", help="GPU memory budget for the target, e.g. 6GiB (default: free minus a margin).")]
-RamMemory = Annotated[Optional[str], typer.Option("--ram-memory", help="RAM budget for streamed layers, e.g. 8GiB; the rest streams from disk.")]
+RamMemory = Annotated[Optional[str], typer.Option("--ram-memory", help="RAM budget for the target, e.g. 8GiB; what does not fit streams from disk (with a GPU: the pinned RAM for layers streamed to it).")]
 Overlap = Annotated[
     Optional[bool],
     typer.Option("--overlap/--no-overlap", help="Draft the next tree while the target verifies (default: when the target is on a GPU)."),

@@ -59,12 +59,16 @@ def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool
     prof, reused, p_rank = planner.profile, planner.reused, planner.tracker.p_rank
     plan = planner.choose()
     options = backend_options(prof, p_rank)
+    memory = backends.memory
     if as_json:
         record = {**prof.to_dict(), "reused": reused, "p_rank": p_rank.round(4).tolist(), "plan": plan_as_dict(plan),
-                  "backend_options": [{"target": o.target, "drafter": o.drafter, "plan": plan_as_dict(o.plan)} for o in options]}  # fmt: skip
+                  "backend_options": [{"target": o.target, "drafter": o.drafter, "plan": plan_as_dict(o.plan)} for o in options],
+                  "placement": memory.to_dict() if memory is not None else None}  # fmt: skip
         out.file.write(json.dumps(record) + "\n")  # verbatim: no Rich markup or wrapping
         return prof
     out.print(machine_table(prof))
+    if memory is not None:
+        out.print(memory_line(memory, prof))
     out.print(curves_table(prof))
     if len(options) > 1:
         out.print(backends_table(options, backends))
@@ -75,6 +79,14 @@ def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool
     path = profile_path(prof.machine.fingerprint(), prof.pair, prof.backend)
     out.print(f"[dim]{how}, {prof.created} · {path}{' · --refresh measures again' if reused else ''}[/]")
     return prof
+
+
+def memory_line(memory, prof: Profile) -> str:
+    """Where the target lives (the memory plan), and what streaming it costs at the measured disk speed."""
+    text = f"[bold]placement:[/] {memory.describe()}"
+    if memory.streams and prof.bandwidths.disk_read:
+        text += f"; at {prof.bandwidths.disk_read:.1f} GB/s that is {memory.bytes_read_per_pass / (prof.bandwidths.disk_read * 1e9):.2f} s of disk per pass"
+    return text
 
 
 def _gib(n_bytes: int) -> str:

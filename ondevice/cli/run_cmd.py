@@ -11,6 +11,7 @@ from ondevice.cli import options as opt
 from ondevice.cli.decoding import err, load_pipeline, make_spec, stats_line
 from ondevice.engine import Stats
 from ondevice.pipeline import LoadOptions
+from ondevice.plan.ram import peak_rss
 from ondevice.verify import Sampling
 
 
@@ -52,6 +53,9 @@ def generate(
         err.print(f"[dim]{stats_line(stats, pipe.plan)}[/]")
         if getattr(pipe.engine.target, "streamer", None) is not None:
             err.print(f"[dim]{pipe.engine.target.placement_summary()}[/]")
+        elif pipe.memory is not None and pipe.memory.streams:
+            read = f", {stats.bytes_read_per_pass / 1e9:.2f} GB read per pass" if stats.bytes_read_per_pass is not None else ""
+            err.print(f"[dim]{pipe.memory.describe()}{read}, peak RSS {peak_rss() / 1e9:.2f} GB[/]")
 
 
 def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:

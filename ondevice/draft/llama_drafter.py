@@ -25,6 +25,9 @@ class LlamaDrafter(ModelDrafter):
     one: target ids in, full-vocabulary distributions out, zero outside the kept tokens.
     target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
     ids the target lacks are never drafted, and a context holding an id the drafter lacks gets no draft.
+    max_tree: the biggest tree it will be asked for (its KV cells, sequences and logits rows are
+    sized for it: `ondevice.plan.memory`). resident: weights read into anonymous memory rather than
+    mapped, so a target streaming through the page cache cannot evict them.
     """
 
     def __init__(
@@ -38,24 +41,29 @@ class LlamaDrafter(ModelDrafter):
         n_batch: int = 512,
         vocab_trim: bool = False,
         target_vocab: int | None = None,
+        max_tree: int = MAX_BUDGET,
+        resident: bool = False,
     ):
         if not 1 <= max_batch < LLAMA_MAX_SEQUENCES:
             raise OndeviceError(f"max_batch must be 1 to {LLAMA_MAX_SEQUENCES - 1}, not {max_batch}.")
         head = TrimmedHead.find(model_path) if vocab_trim else None
-        self.model = LlamaModel(head.gguf_path if head else model_path)
+        self.model = LlamaModel(head.gguf_path if head else model_path, resident=resident)
         llama_ctx = LlamaContext(
             self.model,
-            n_ctx=n_ctx + MAX_BUDGET + max_batch,
+            n_ctx=n_ctx + max_tree + max_batch,
+            n_seq_max=min(LLAMA_MAX_SEQUENCES, max_tree + 1),  # one per expanded branch, and the context
             n_batch=n_batch,
             threads=threads,
             kv_type=kv_type,
             embeddings_input=head is not None,
+            n_outputs_max=max_batch,
         )
         self.ctx = TrimmedContext(llama_ctx, head) if head else llama_ctx
         self.vocab_trimmed = head is not None
         self.n_ctx = n_ctx
         self.n_vocab = self.ctx.n_vocab
         self.max_batch = max_batch
+        self.max_tree = max_tree
         self.batch_spread = batch_spread
         self.cache = DraftKV(self.ctx)
         self.limit_vocab(target_vocab)

@@ -39,6 +39,7 @@ class ModelDrafter:
     n_ctx: int
     n_vocab: int
     max_batch: int
+    max_tree: int = MAX_BUDGET  # the biggest tree its buffers are sized for (the memory plan)
     batch_spread: float = BATCH_SPREAD
 
     def limit_vocab(self, target_vocab: int | None) -> None:
@@ -49,6 +50,11 @@ class ModelDrafter:
 
     def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
         check_spec(spec)
+        if spec.budget > self.max_tree:
+            raise OndeviceError(
+                f"this drafter is sized for trees of up to {self.max_tree} nodes (the memory plan), "
+                f"not {spec.budget}; lower --budget."
+            )
         if not 0 < len(context) <= self.n_ctx:
             raise OndeviceError(
                 f"the drafter holds 1 to {self.n_ctx} context tokens, got {len(context)}; "
@@ -68,14 +74,16 @@ class ModelDrafter:
         return build_best_first(r, root_logp, self.max_batch, self.batch_spread)
 
     def probe_batch(self, n: int) -> None:
-        """One expansion call of n draft nodes (siblings, each on its own branch), then undone. For profiling."""
+        """Draft n nodes as the builders would (siblings, each on its own branch; more than max_batch
+        take several expansion calls), then undo it. For profiling."""
         stand_in = (np.arange(64 + n) * 7919 + 11) % self.n_vocab  # arbitrary valid token ids
         if not self.cache.tokens:
             self.cache.sync(stand_in[:64].tolist())  # a 64-token context
-        search = SearchTree(self.cache.tokens[-1])
-        nodes = search.add_children(0, stand_in[64:], np.zeros(n))
-        self.cache.expand(search, nodes)
-        self.cache.release(search, {0})
+        for start in range(0, n, self.max_batch):
+            search = SearchTree(self.cache.tokens[-1])
+            nodes = search.add_children(0, stand_in[64 + start : 64 + min(n, start + self.max_batch)], np.zeros(n))
+            self.cache.expand(search, nodes)
+            self.cache.release(search, {0})
 
 
 class VocabLimit:

@@ -28,6 +28,9 @@ class BenchResult:
     decode_seconds: float = 0.0
     predicted_tokens_per_second: float | None = None
     error: str | None = None  # the configuration could not run (e.g. a tree bigger than the target takes)
+    disk_read_bytes: int | None = None  # read from storage while decoding (None: not known)
+    peak_rss_bytes: int | None = None  # this process's peak resident memory when the row ended
+    same_as_target: int | None = None  # answers token-for-token equal to the target-alone row's
 
     @property
     def tokens_per_pass(self) -> float:
@@ -36,6 +39,12 @@ class BenchResult:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def bytes_read_per_pass(self) -> float | None:
+        if self.disk_read_bytes is None or not self.target_passes:
+            return None
+        return self.disk_read_bytes / self.target_passes
 
     @property
     def draft_ms_per_pass(self) -> float:
@@ -53,10 +62,20 @@ class BenchResult:
         self.draft_seconds += stats.draft_seconds
         self.verify_seconds += stats.verify_seconds
         self.decode_seconds += stats.decode_seconds
+        if stats.disk_read_bytes is not None:
+            self.disk_read_bytes = (self.disk_read_bytes or 0) + stats.disk_read_bytes
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tokens_per_pass": self.tokens_per_pass, "tokens_per_second": self.tokens_per_second,
-                "other_seconds": self.other_seconds, "draft_ms_per_pass": self.draft_ms_per_pass}
+                "other_seconds": self.other_seconds, "draft_ms_per_pass": self.draft_ms_per_pass,
+                "bytes_read_per_pass": self.bytes_read_per_pass}
+
+
+def count_same(outputs: list[list[int]], reference: list[list[int]] | None) -> int | None:
+    """How many answers equal the reference's token for token (None without a reference)."""
+    if reference is None:
+        return None
+    return sum(a == b for a, b in zip(outputs, reference))
 
 
 def best_of_sweep(results: list[BenchResult]) -> BenchResult | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ondevice.errors import OndeviceError
+from ondevice.sizes import parse_size
 from ondevice.offload.build import gguf_names_from_table, offload_blocks, plan_for
 from ondevice.offload.layout import LayerLayout, gguf_tensor_index, layout_from_gguf
 from ondevice.offload.placement import Placement
@@ -60,7 +61,8 @@ def load_offloaded_target(
     device: "cuda" / "cpu" (default: cuda when available; on "cpu" the budget is CPU memory and the
     streaming runs the same way, through a copy thread). dtype, head_dtype, threads: as
     `TorchTarget.from_gguf`. gpu_memory: the device budget ("6GiB"; default: free memory minus a
-    margin); ram_memory: host memory for streamed layers, the rest streams from disk (default:
+    margin); ram_memory: host memory for streamed layers, the rest streams from disk (on a CPU with
+    no gpu_memory: all the memory the target may use, `cpu_budgets`) (default:
     available RAM minus a margin). max_tree: the largest draft tree verified in one pass (its
     logits and attention scores are part of the resident minimum).
     """
@@ -106,8 +108,19 @@ def plan_offload(
     except ValueError as err:  # a tensor missing or of the wrong shape
         raise OndeviceError(f"{path} does not match a {args.arch} model ({err}): download it again.") from err
     resident = _resident_bytes(model, args, dtype, n_ctx, max_tree)
+    if torch.device(device).type == "cpu" and gpu_memory is None and ram_memory is not None:
+        gpu_memory, ram_memory = cpu_budgets(layouts, parse_size(ram_memory))
     placement = plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
     return OffloadPlan(path, reader, args, model, layouts, resident, placement)
+
+
+def cpu_budgets(layouts, ram: int, disk_buffers: int = 2) -> tuple[int, int]:
+    """(device, RAM tier) budgets for a target on a CPU given one RAM budget for all of it: the CPU is
+    the device, so a separate RAM tier would hold a second copy of the same layers in the same
+    memory. It gets just the disk tier's staging buffers; every layer that does not fit streams from
+    disk, and the budget means what it says."""
+    staging = disk_buffers * max(layout.nbytes for layout in layouts.values())
+    return max(0, ram - staging), staging
 
 
 def _llama_unpermute(args: ModelArgs) -> dict[str, int] | None:

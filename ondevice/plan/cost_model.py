@@ -2,13 +2,23 @@
 
 Per target pass we pay for drafting and for verifying, and we emit E = E[accepted + 1] tokens:
 
-    sequential (drafter and target share the machine):  s/token = (t_draft + t_target(n)) / E
-    overlapped (drafter on CPU ∥ target on GPU, DuoDecoding):  s/token = max(t_draft, t_target(n)) / E
+    sequential:  s/token = (t_draft + t_target(n)) / E
+    overlapped (DuoDecoding: the next tree is drafted while the target verifies, for the outcome
+    "the target accepts the drafter's top-1 path"; see overlap.py):
+                 s/token = (max(t_target(n), t_draft) + (1 − h)·t_draft) / E
 
 with n = budget + 1 tree nodes (the root too), E from Sequoia's DP (sequoia.py) or the chain formula,
 and t_draft = Σ over levels of the drafter's call latency at that level's batch (one call per level:
-level-by-level expansion; a chain is `budget` calls of batch 1). The overlapped model assumes the
-CPU's guess of the next root is right, so it is an upper bound on the speed.
+level-by-level expansion; a chain is `budget` calls of batch 1). Overlap is possible where the
+drafter does not take the target's cores: a GPU target, or a CPU with cores to spare for both
+(`overlap_possible`). On a CPU whose cores the target's threads already use, even a target that
+waits on the disk leaves none free: llama.cpp's threads spin while one of them waits for a page
+(measured: README, "Larger than memory"). h is the chance the guess comes true (p[0] along the shape's
+top-1 path, then the target's own next token among the prepared root's children), scaled by
+`hit_scale`, what the planner measured of its guesses so far (measured hits / predicted); when it
+does not come true, the next tree is drafted afresh. `overlap_scale` is what overlapped rounds
+measured against this prediction (memory bandwidth and caches are shared even where cores are
+not). Overlap is planned only where it is predicted faster.
 
 p[k] comes from `AcceptanceTracker` (acceptance.py): a prior updated by what the target actually
 accepts, so the engine can re-plan when acceptance drifts.
@@ -36,6 +46,7 @@ class Plan:
     target_only_tokens_per_second: float
     overlap: bool  # drafting runs while the target verifies
     fallback_reason: str | None = None  # why the drafter model is not used (then: lookup or budget 0)
+    hit_rate: float = 0.0  # predicted chance that the tree drafted during a pass is the next one (overlap)
 
     @property
     def predicted_speedup(self) -> float:
@@ -55,33 +66,57 @@ def _draft_seconds(curves: Curves, batches: Sequence[int]) -> float:
     return sum(curves.drafter(b) for b in batches)
 
 
+def guess_hit_rate(p_rank: np.ndarray, top1_path: int, root_children: int) -> float:
+    """h: the target accepts the top-1 path of `top1_path` drafted nodes, and its own next token is
+    one of the `root_children` children the prepared tree gives its root."""
+    return float(p_rank[0] ** top1_path * min(1.0, np.sum(p_rank[:root_children])))
+
+
+def _top1_path(shape) -> int:
+    """Length of the path of first-ranked children from the root of a Sequoia shape."""
+    node, length = 0, 0
+    while True:
+        child = np.flatnonzero((shape.parents == node) & (shape.ranks == 0))
+        if len(child) == 0:
+            return length
+        node, length = int(child[0]), length + 1
+
+
 def _candidates(curves: Curves, p_rank: np.ndarray, budgets: Sequence[int], max_depth: int):
-    """(builder, budget, depth, E[accepted + 1], t_draft, t_target) for every shape worth timing."""
+    """(builder, budget, depth, E[accepted + 1], t_draft, t_target, h) for every shape worth timing."""
     budgets = [b for b in budgets if b + 1 <= curves.target.max_n]  # never extrapolate the target
     if not budgets:
         return
     table = sequoia_table(p_rank, max(budgets), max_depth)
     for budget in budgets:
         t_target = curves.target(budget + 1)
-        yield "chain", budget, budget, chain_tokens_per_pass(p_rank[0], budget), _draft_seconds(curves, [1] * budget), t_target
+        yield ("chain", budget, budget, chain_tokens_per_pass(p_rank[0], budget), _draft_seconds(curves, [1] * budget), t_target,
+               guess_hit_rate(p_rank, budget, 1))
         for depth in range(1, min(budget, max_depth) + 1):
             shape = table.shape(budget, depth)
             if shape.depth < depth:  # allowing more depth no longer changes the tree
                 break
-            yield "best-first", budget, depth, shape.tokens_per_pass, _draft_seconds(curves, shape.expansions_per_level()), t_target
+            hit = guess_hit_rate(p_rank, _top1_path(shape), int(np.sum(shape.parents == 0)))
+            yield "best-first", budget, depth, shape.tokens_per_pass, _draft_seconds(curves, shape.expansions_per_level()), t_target, hit
 
 
 def _priced_plans(
-    curves: Curves, p_rank, budgets: Sequence[int], max_depth: int, overlap_possible: bool, overhead_per_pass: float
+    curves: Curves, p_rank, budgets: Sequence[int], max_depth: int, overlap_possible: bool, overhead_per_pass: float,
+    hit_scale: float = 1.0, overlap_scale: float = 1.0,
 ):
-    """Every candidate shape as a Plan with its predicted speed (the pass-time formula of the docstring)."""
+    """Every candidate shape as a Plan with its predicted speed (the pass-time formulas of the docstring)."""
     p_rank = np.asarray(p_rank, dtype=np.float64)
     target_only_tps = 1.0 / (curves.target(1) + overhead_per_pass)
-    for builder, budget, depth, tokens_per_pass, t_draft, t_target in _candidates(curves, p_rank, budgets, max_depth):
+    for builder, budget, depth, tokens_per_pass, t_draft, t_target, hit in _candidates(curves, p_rank, budgets, max_depth):
         t_verify = t_target + overhead_per_pass
-        t_pass = max(t_draft, t_verify) if overlap_possible else t_draft + t_verify
+        t_pass, overlap = t_draft + t_verify, False
+        hit = min(1.0, hit * hit_scale)
+        if overlap_possible:
+            t_overlapped = overlap_scale * (max(t_verify, t_draft) + (1.0 - hit) * t_draft)
+            if t_overlapped < t_pass:
+                t_pass, overlap = t_overlapped, True
         seconds_per_token = float(t_pass / tokens_per_pass)
-        yield Plan(builder, budget, depth, float(tokens_per_pass), 1.0 / seconds_per_token, target_only_tps, overlap_possible)
+        yield Plan(builder, budget, depth, float(tokens_per_pass), 1.0 / seconds_per_token, target_only_tps, overlap, hit_rate=hit)
 
 
 def _fastest(plans) -> Plan | None:
@@ -96,13 +131,16 @@ def choose_plan(
     max_depth: int = MAX_DEPTH,
     overhead_per_pass: float = 0.0,
     min_speedup: float = 1.0,
+    hit_scale: float = 1.0,
+    overlap_scale: float = 1.0,
 ) -> Plan:
     """The plan with the fewest predicted seconds per emitted token; target-only if none beats it.
 
     overhead_per_pass: seconds each round costs besides drafting and the target pass (verification,
     cache bookkeeping), as the engine measures it; it is charged to target-only decoding too.
+    hit_scale, overlap_scale: what overlapped rounds measured against their prediction (docstring).
     """
-    best = _fastest(_priced_plans(curves, p_rank, budgets, max_depth, overlap_possible, overhead_per_pass))
+    best = _fastest(_priced_plans(curves, p_rank, budgets, max_depth, overlap_possible, overhead_per_pass, hit_scale, overlap_scale))
     if best is not None and best.predicted_speedup >= min_speedup:
         return best
     target_only_tps = 1.0 / (curves.target(1) + overhead_per_pass)
@@ -111,11 +149,11 @@ def choose_plan(
 
 def predict(
     curves: Curves, p_rank, builder: str, budget: int, overlap_possible: bool = False, overhead_per_pass: float = 0.0,
-    max_depth: int = MAX_DEPTH,
+    max_depth: int = MAX_DEPTH, hit_scale: float = 1.0, overlap_scale: float = 1.0,
 ) -> Plan | None:
     """The model's best prediction for one fixed configuration (None: the model has no shape for it,
     e.g. multi-seq, or a tree beyond the measured target curve). best-first takes its best depth."""
-    plans = _priced_plans(curves, p_rank, [budget], max_depth, overlap_possible, overhead_per_pass)
+    plans = _priced_plans(curves, p_rank, [budget], max_depth, overlap_possible, overhead_per_pass, hit_scale, overlap_scale)
     return _fastest(plan for plan in plans if plan.builder == builder)
 
 

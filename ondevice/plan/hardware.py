@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,11 +74,23 @@ def _cpuinfo() -> dict[str, str]:
     return info
 
 
-def gpu_facts() -> list[GpuFacts]:
+def cuda_available() -> bool:
+    """torch.cuda.is_available(), without importing torch (~200 MB) where no GPU driver is present:
+    on Linux without the NVIDIA (/proc/driver/nvidia) or ROCm (/dev/kfd) kernel driver, and on macOS."""
+    if sys.platform == "darwin":
+        return False
+    if sys.platform.startswith("linux") and not (Path("/proc/driver/nvidia").exists() or Path("/dev/kfd").exists()):
+        return False
     import torch
 
-    if not torch.cuda.is_available():
+    return torch.cuda.is_available()
+
+
+def gpu_facts() -> list[GpuFacts]:
+    if not cuda_available():
         return []
+    import torch
+
     gpus = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
@@ -128,8 +141,14 @@ class Bandwidths:
     disk_read: float | None = None  # sequential read of the model file, page cache dropped
 
 
-def measure_ram_bandwidth(n_bytes: int = 256 << 20, repeats: int = 3) -> float:
-    """Best of `repeats` copies of an n_bytes buffer; a copy reads n and writes n bytes."""
+def measure_ram_bandwidth(n_bytes: int | None = None, repeats: int = 3) -> float:
+    """Best of `repeats` copies of an n_bytes buffer; a copy reads n and writes n bytes. Default:
+    256 MB, or a sixteenth of the RAM this process may use when that is less (two buffers must not
+    push a model that barely fits out of memory)."""
+    if n_bytes is None:
+        from ondevice.plan.ram import ram_budget
+
+        n_bytes = min(256 << 20, max(32 << 20, ram_budget().bytes // 16))
     src = np.ones(n_bytes // 8)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # fault in every page before timing

@@ -1,29 +1,34 @@
 """The memory plan: where the target lives, decided at load from sizes alone.
 
-    plan = plan_memory(ModelSize.from_gguf(target), ModelSize.from_gguf(drafter), n_ctx=4096)
-    plan.describe()   # 'target 1.1 GB streams from disk (1.1 GB read per pass); RAM 1.4 GB (cgroup
-                      #  limit 1.5 GB) holds the drafter 491 MB, buffers 310 MB, process 60 MB'
+    plan = plan_memory(ModelSize.from_gguf(target), ModelSize.from_gguf(drafter), n_ctx=4096, ahead=2)
+    plan.describe()   # 'target streams from disk (950 MB read per pass), its first 1 of 28 layers kept
+                      #  in RAM: 1.1 GB target, RAM 1.3 GB (cgroup limit 1.3 GB) holds drafter 491 MB,
+                      #  buffers 466 MB (trees up to 64 nodes), process 100 MB'
 
 Memory model, in bytes, for a llama.cpp target on a CPU:
 
-    resident = process (interpreter and libraries: this process's RSS before loading)
-             + drafter weights (read into anonymous memory, so the page cache cannot evict them)
+    resident = process (interpreter and libraries: this process's anonymous memory before loading)
+             + drafter weights (read into anonymous memory when the target streams, so the page
+               cache cannot evict them)
              + each llama.cpp context's buffers: KV cache, output logits, compute (`ContextBuffers`),
                sized for the largest tree the plan allows (`max_tree` nodes)
-    the target is in RAM   if resident + target file + margin <= budget: after the first pass its
-                           pages stay in the page cache (mapped; llama.cpp may repack them);
-    else it streams         the file stays mapped and unrepacked, and every pass re-reads from disk
-                           what the page cache could not keep: about the whole file, since a scan
-                           larger than the cache evicts each page before its next use.
+    the target is in RAM   if resident + what a pass reads + margin <= budget (the file but for a
+                           separate input embedding table, read a row per token): after the first
+                           pass its pages stay in the page cache (mapped; llama.cpp may repack them);
+    else it streams         the file stays mapped and unrepacked; with the page cache steered layer
+                           by layer (target/page_cache.py, `ahead` layers in flight) its first layers
+                           that fit in the room left stay cached (`kept_layers`), and every pass reads
+                           the others and the LM head from disk (`bytes_read_per_pass`).
 
 When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
 cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
-buffers still leave the streaming window free. On a GPU (torch target) the layers' tiers come from
-`ondevice.offload.placement.plan_placement` (`plan_gpu`), the same plan the loader uses.
+buffers still leave the streaming window free. The plan also says when the drafter alone is what
+keeps the target out of RAM (`--no-draft` may then be faster). On a GPU (torch target) the layers'
+tiers come from `ondevice.offload.target.plan_offload`, the placement the loader makes.
 
-The budget (`ram.ram_budget`) honours a cgroup memory limit as well as available RAM. Issue 11's
-`ondevice models` and issue 14's predictions call `plan_memory` with shapes from the catalog or the
-file header, without loading anything.
+The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit as
+well as available RAM. `ondevice models` calls `plan_memory` with sizes from the file header or the
+catalog's shape preset, without loading anything.
 """
 
 from __future__ import annotations
@@ -34,10 +39,11 @@ from pathlib import Path
 import psutil
 
 from ondevice.gguf_header import read_header
-from ondevice.plan.ram import RamBudget, ram_budget
+from ondevice.plan.ram import RamBudget, anon_rss, ram_budget
 from ondevice.sizes import format_bytes
 
 F32, F16 = 4, 2
+CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
 TREE_SIZES = (64, 32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more
 # nodes costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes,
@@ -60,6 +66,8 @@ class ModelSize:
     head_dim: int
     n_vocab: int
     layer_bytes: tuple[int, ...] = ()  # each decoder block's bytes in the file (empty: unknown)
+    head_bytes: int = 0  # the LM head's (output.weight, or token_embd when tied): read by every pass
+    embd_bytes: int = 0  # a separate input embedding table: read a row per token, not per pass
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "ModelSize":
@@ -73,12 +81,19 @@ class ModelSize:
             n_head_kv=int(header.arch_value("attention.head_count_kv", n_head)),
             head_dim=int(header.arch_value("attention.key_length", n_embd // max(n_head, 1))),
             n_vocab=header.n_vocab, layer_bytes=tuple(sum(t.nbytes for t in layers[i]) for i in sorted(layers)),
+            head_bytes=(header.tensors.get("output.weight") or header.tensors["token_embd.weight"]).nbytes,
+            embd_bytes=header.tensors["token_embd.weight"].nbytes if "output.weight" in header.tensors else 0,
         )
 
     @classmethod
     def from_shape(cls, shape, file_bytes: int) -> "ModelSize":
-        """From an `ondevice.synthetic.shapes.ModelSize` and the file size its quant mix gives."""
+        """From an `ondevice.synthetic.shapes.ModelShape` and the file size its quant mix gives."""
         return cls(file_bytes, shape.n_layers, shape.dim, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.vocab)
+
+    @property
+    def working_bytes(self) -> int:
+        """What of the file a pass reads: all of it but a separate input embedding table."""
+        return self.file_bytes - self.embd_bytes
 
     @property
     def streamed_window(self) -> int:
@@ -105,7 +120,10 @@ def context_buffers(
     shape: ModelSize, cells: int, n_ubatch: int, n_outputs: int, n_seq: int = 1, kv_bytes: int = F32
 ) -> ContextBuffers:
     """llama.cpp's buffers for a context of `cells` KV cells that returns at most `n_outputs` logits
-    rows per call (against the sizes llama.cpp reports: tests/test_memory_plan.py)."""
+    rows per call (against the sizes llama.cpp reports: tests/test_memory_plan.py). llama.cpp rounds
+    the cells up to a multiple of 256; it reserves max(sequences, outputs) output rows (the first
+    n_seq at once, the rest when a call first asks for them)."""
+    cells = -(-cells // CELL_PAD) * CELL_PAD
     kv = cells * shape.n_layers * shape.n_head_kv * shape.head_dim * 2 * kv_bytes
     output = max(n_seq, n_outputs) * shape.n_vocab * F32
     logits = min(n_ubatch, n_outputs) * shape.n_vocab * F32 + n_ubatch * 3 * shape.n_embd * F32
@@ -143,6 +161,7 @@ class MemoryPlan:
     sizes: ContextSizes
     target_in_ram: bool
     notes: list[str] = field(default_factory=list)
+    ahead: int = 0  # a streaming target's page cache is steered with this many layers in flight (0: not)
 
     @property
     def resident_bytes(self) -> int:
@@ -168,16 +187,41 @@ class MemoryPlan:
     def placement(self) -> str:
         return "ram" if self.target_in_ram else "disk"
 
+    def kept_layers(self, ahead: int) -> tuple[int, ...]:
+        """The first decoder layers a streaming target can keep cached between passes when the page
+        cache is steered (target/page_cache.py) with `ahead` layers in flight: what the room left
+        holds after the window. Empty when the target is in RAM or nothing fits."""
+        sizes = self.target.layer_bytes
+        if self.target_in_ram or not sizes:
+            return ()
+        room = self.cache_room - (ahead + 1) * max(sizes)
+        kept = 0
+        while kept < len(sizes) and room >= sizes[kept]:
+            room -= sizes[kept]
+            kept += 1
+        return tuple(range(kept))
+
     @property
     def bytes_read_per_pass(self) -> int:
-        """Predicted disk reads per target pass: none in RAM, about the whole file when streaming."""
-        return 0 if self.target_in_ram else self.target.file_bytes
+        """Predicted disk reads per target pass: none in RAM; when streaming, every decoder layer not
+        kept cached and the LM head (the input embeddings are read a row per token), or the whole
+        file when its layers are not known."""
+        sizes = self.target.layer_bytes
+        if self.target_in_ram:
+            return 0
+        if not sizes:
+            return self.target.file_bytes
+        kept = self.kept_layers(self.ahead) if self.ahead else ()
+        return sum(b for i, b in enumerate(sizes) if i not in kept) + self.target.head_bytes
 
     def describe(self) -> str:
         where = (
             "target in RAM" if self.target_in_ram
             else f"target streams from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)"
         )
+        kept = self.kept_layers(self.ahead) if self.ahead else ()
+        if kept:
+            where += f", its first {len(kept)} of {self.target.n_layers} layers kept in RAM"
         text = (
             f"{where}: {format_bytes(self.target.file_bytes)} target, RAM {self.budget.describe()} holds "
             f"drafter {format_bytes(self.drafter_bytes)}, buffers {format_bytes(sum(self.buffers.values()))} "
@@ -190,7 +234,8 @@ class MemoryPlan:
             "placement": self.placement, "target_bytes": self.target.file_bytes, "drafter_bytes": self.drafter_bytes,
             "process_bytes": self.process_bytes, "buffers": dict(self.buffers), "ram_budget": self.budget.bytes,
             "ram_source": self.budget.source, "max_tree": self.sizes.max_tree,
-            "predicted_bytes_read_per_pass": self.bytes_read_per_pass, "summary": self.describe(),
+            "predicted_bytes_read_per_pass": self.bytes_read_per_pass, "kept_layers": len(self.kept_layers(self.ahead)) if self.ahead else 0,
+            "summary": self.describe(),
         }
 
 
@@ -211,27 +256,34 @@ def plan_memory(
     max_tree: int = IN_RAM_MAX_TREE,
     budget: RamBudget | None = None,
     process_bytes: int | None = None,
+    ahead: int = 0,
 ) -> MemoryPlan:
     """Where the target lives and how big the buffers may be; nothing is loaded.
 
     max_tree: the largest tree wanted when the target fits in RAM (a streaming target gets the largest
     of TREE_SIZES up to it whose buffers leave room to stream). budget: RAM this process may use
     (default: `ram_budget()`, cgroup-aware). process_bytes: default this process's RSS now.
+    ahead: a streaming target's page cache will be steered with this many layers in flight, so the
+    room left keeps its first layers cached (`kept_layers`); 0: the kernel streams it alone.
     """
     budget = budget or ram_budget()
-    process = psutil.Process().memory_info().rss if process_bytes is None else process_bytes
+    process = (anon_rss() or psutil.Process().memory_info().rss) if process_bytes is None else process_bytes
     drafter_bytes = drafter.file_bytes if drafter is not None else 0
 
     def plan(tree: int, in_ram: bool, notes=()) -> MemoryPlan:
         sizes = context_sizes(n_ctx, tree, streams=not in_ram)
         buffers = _buffers(target, drafter, n_ctx, sizes, drafter_kv=F32 if in_ram else F16)
-        return MemoryPlan(budget, target, drafter_bytes, process, buffers, sizes, in_ram, list(notes))
+        return MemoryPlan(budget, target, drafter_bytes, process, buffers, sizes, in_ram, list(notes), 0 if in_ram else ahead)
 
     full = plan(max_tree, True)
-    if full.resident_bytes + target.file_bytes + MARGIN <= budget.bytes:
+    if full.resident_bytes + target.working_bytes + MARGIN <= budget.bytes:
         return full
+    alone = None  # would the target fit without the drafter? (the drafter's memory is what tips it over)
+    if drafter is not None:
+        alone = plan_memory(target, None, n_ctx=n_ctx, max_tree=max_tree, budget=budget, process_bytes=process)
+    note = ["without the drafter the target would fit in RAM: --no-draft may be faster"] if alone and alone.target_in_ram else []
     for tree in (t for t in TREE_SIZES if t <= max_tree):
-        streaming = plan(tree, False)
+        streaming = plan(tree, False, note)
         if streaming.cache_room >= target.streamed_window:
             return streaming
     short = plan(min(TREE_SIZES), False)
@@ -239,4 +291,4 @@ def plan_memory(
     return plan(min(TREE_SIZES), False, [
         f"over budget: streaming needs about {format_bytes(need)}; expect heavy paging "
         "(free memory, use a shorter --ctx, or --no-draft)"
-    ])
+    ] + note)

@@ -64,6 +64,7 @@ class ProfileBackends:
     other_targets: dict[str, Callable[[], object]] = field(default_factory=dict)
     other_drafters: dict[str, Callable[[], Callable[[int], None]]] = field(default_factory=dict)
     key: str | None = None  # names the profile file with the pair (default: backend)
+    memory: object | None = None  # plan.memory.MemoryPlan of a llama.cpp target: in RAM or streamed
 
     @property
     def profile_key(self) -> str:
@@ -84,6 +85,7 @@ class Profile:
     targets: dict[str, LatencyCurve] = field(default_factory=dict)  # every target backend measured, by name
     drafters: dict[str, LatencyCurve] = field(default_factory=dict)  # every drafter backend measured
     skipped: dict[str, str] = field(default_factory=dict)  # "target onnx" -> why it could not be measured
+    target_placement: str = "ram"  # "disk": the target streamed while its curves were measured (memory plan)
 
     def curves_for(self, target: str, drafter: str) -> Curves:
         return Curves(self.targets[target], self.drafters[drafter])
@@ -94,7 +96,7 @@ class Profile:
                 "machine": asdict(self.machine), "bandwidths": asdict(self.bandwidths), "curves": self.curves.to_dict(),
                 "targets": curves(self.targets), "drafters": curves(self.drafters), "skipped": self.skipped,
                 "model_files": self.model_files, "overlap_possible": self.overlap_possible,
-                "created": self.created, "measure_seconds": self.measure_seconds}  # fmt: skip
+                "created": self.created, "measure_seconds": self.measure_seconds, "target_placement": self.target_placement}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
@@ -103,7 +105,7 @@ class Profile:
         curves = lambda named: {name: LatencyCurve.from_dict(c) for name, c in named.items()}  # noqa: E731
         return cls(d["pair"], d["backend"], MachineFacts.from_dict(d["machine"]), Bandwidths(**d["bandwidths"]),
                    Curves.from_dict(d["curves"]), d["model_files"], d["overlap_possible"], d["created"], d["measure_seconds"],
-                   curves(d["targets"]), curves(d["drafters"]), d.get("skipped", {}))  # fmt: skip
+                   curves(d["targets"]), curves(d["drafters"]), d.get("skipped", {}), d.get("target_placement", "ram"))  # fmt: skip
 
 
 def profile_path(fingerprint: str, pair: str, backend: str) -> Path:
@@ -140,7 +142,7 @@ def measure_profile(backends: ProfileBackends, show: bool = True, compare: bool 
     profile = Profile(
         pair=backends.pair, backend=backends.profile_key, machine=facts, bandwidths=Bandwidths(ram, h2d, d2h, disk),
         curves=None, model_files=[file_identity(p, sha) for p, sha in backends.model_files],
-        overlap_possible=backends.overlap_possible,
+        overlap_possible=backends.overlap_possible, target_placement=backends.memory.placement if backends.memory is not None else "ram",
     )  # fmt: skip
     measure_backends(profile, backends, show, compare, context_tokens)
     profile.measure_seconds = time.perf_counter() - t0

@@ -39,7 +39,7 @@ class CgroupMemory:
 
 @dataclass(frozen=True)
 class RamBudget:
-    bytes: int  # RAM this process may use now (resident memory plus page cache)
+    bytes: int  # RAM this process may use in all (its own memory plus the page cache it reads through)
     source: str  # where the number comes from, for the placement line
 
     def describe(self) -> str:
@@ -144,12 +144,14 @@ def own_cgroup_memory() -> CgroupMemory | None:
 
 
 def ram_budget() -> RamBudget:
-    """RAM this process may use now: available RAM, or less where a cgroup limit says so."""
+    """RAM this process may use in all: what it holds now (anonymous memory) plus what is available,
+    RAM or, where a cgroup limit says less, the cgroup's room."""
+    own = anon_rss() or 0
     available = int(psutil.virtual_memory().available)
     cgroup = own_cgroup_memory()
     if cgroup is not None and cgroup.available < available:
-        return RamBudget(cgroup.available, f"cgroup limit {format_bytes(cgroup.limit)}")
-    return RamBudget(available, "available RAM")
+        return RamBudget(own + cgroup.available, f"cgroup limit {format_bytes(cgroup.limit)}")
+    return RamBudget(own + available, "available RAM")
 
 
 # --- this process's own footprint -------------------------------------------------------------

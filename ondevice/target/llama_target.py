@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel
+from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel, layer_callback
+from ondevice.target.page_cache import LayerWindow
 from ondevice.tree import DraftTree
 
 MAIN_SEQ = 0
@@ -47,15 +48,29 @@ class LlamaTarget:
         max_tree_nodes: int = 2048,
         n_ubatch: int = 512,
         kv_type: str = "f32",
+        streams: bool = False,
+        window: int = 0,
+        kept_layers: Sequence[int] = (),
     ):
-        self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers)
+        """max_tree_nodes: the biggest tree verified in one pass; the context's logits rows and
+        sequences are sized for it (`ondevice.plan.memory`), prompts are still prefilled n_ubatch
+        tokens per pass. streams: the file is larger than the RAM left for it: keep every weight in
+        the mapped file (no repacking into anonymous memory) so the page cache can stream it.
+        window > 0 (with streams): steer the page cache layer by layer, prefetching `window` layers
+        ahead and paging out the finished ones except `kept_layers` (page_cache.LayerWindow)."""
+        self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams)
+        self.window = LayerWindow.open(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
+        max_tree_nodes = min(max_tree_nodes, n_ctx)
+        n_seq = min(LLAMA_MAX_SEQUENCES, max_tree_nodes)  # the main sequence and one per leaf
         self.ctx = LlamaContext(
-            self.model, n_ctx=n_ctx, n_batch=min(max_tree_nodes, n_ctx), n_ubatch=n_ubatch, threads=threads, kv_type=kv_type
+            self.model, n_ctx=n_ctx, n_batch=max(max_tree_nodes, min(n_ubatch, n_ctx)), n_ubatch=n_ubatch, n_seq_max=n_seq,
+            threads=threads, kv_type=kv_type, n_outputs_max=max_tree_nodes,
+            eval_callback=layer_callback(self.window.layer_done) if self.window else None,
         )
         self.n_ctx = n_ctx
         self.n_vocab = self.model.n_vocab
-        self.max_tree_nodes = self.ctx.n_batch
-        self.max_tree_leaves = LLAMA_MAX_SEQUENCES - 1
+        self.max_tree_nodes = max_tree_nodes
+        self.max_tree_leaves = n_seq - 1
         self._n_cached = 0
         self._pending: tuple[DraftTree, list[list[int]]] | None = None  # the last verified tree, uncommitted
 
@@ -99,6 +114,8 @@ class LlamaTarget:
             self.ctx.seq_cp(MAIN_SEQ, seq, -1, -1)
         self._pending = (tree, seqs)
         positions = self._n_cached + tree.depths
+        if self.window is not None:
+            self.window.pass_starts()
         logits = self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool))
         return np.array(logits)  # own copy: llama.cpp reuses its buffer on the next decode
 
@@ -128,5 +145,7 @@ class LlamaTarget:
             )
 
     def close(self) -> None:
+        if self.window is not None:
+            self.window.close()
         self.ctx.close()
         self.model.close()

@@ -1,0 +1,171 @@
+"""A llama.cpp target streaming from disk through the page cache, steered layer by layer.
+
+When the target file is larger than the RAM left for it, llama.cpp's memory-mapped weights are read
+from disk on every pass by page faults, and the kernel evicts whatever it likes to make room — the
+layers the next pass needs first as readily as the ones just used. `LayerWindow` takes charge:
+
+- llama.cpp reports each decoder layer as it finishes (an eval callback on the layer outputs
+  `l_out-{i}`), so the window knows where the pass is;
+- the next `ahead` layers' byte ranges of the mapping get MADV_WILLNEED: the kernel reads them
+  while the CPU computes the current one (prefetch), and at the end of a pass the first layers of
+  the next pass are read while the drafter drafts;
+- a finished layer that is not `kept` leaves the page cache at once (MADV_DONTNEED drops llama.cpp's
+  mapping of its pages, then POSIX_FADV_DONTNEED drops the pages: the kernel invalidates only
+  unmapped pages, and this way also those still in a CPU's LRU batch, which MADV_PAGEOUT skips), so
+  what the next reads evict is never a page about to be needed;
+- `kept` layers (as many as the memory plan leaves room for) are never paged out: they stay cached
+  from one pass to the next and are not read again;
+- the mapping is MADV_SEQUENTIAL: a page fault (a prefetch that came too late) reads ahead only,
+  where the kernel's default "read-around" would also re-read the end of the layer just dropped.
+
+The LM head counts as the last layer (OUTPUT_LAYER: output.weight, or token_embd when the head is
+tied to it); the input embeddings are read a row per token and left to the kernel.
+
+The madvise calls run on a helper thread (they may block on I/O or reclaim); the callback only
+queues work. Linux-only; elsewhere `LayerWindow.open` returns None and the target streams as
+llama.cpp and the kernel decide.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import queue
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from ondevice.gguf_header import read_header
+from ondevice.llama_backend import OUTPUT_LAYER
+
+MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED = 2, 3, 4
+EVICT = -1  # MADV_DONTNEED on the mapping, then POSIX_FADV_DONTNEED on the file
+WINDOW_AHEAD = 2  # layers prefetched ahead of the one computing (0: leave streaming to the kernel)
+PAGE = mmap.PAGESIZE
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int  # address in this process
+    length: int
+    offset: int  # where its first byte is in the file
+
+
+def find_mapping(path: str | Path) -> tuple[int, int, int] | None:
+    """(start address, end address, file offset) of the largest mapping of `path` in this process."""
+    try:
+        st = os.stat(path)
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    best = None
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or fields[5] != str(Path(path).resolve()):
+            continue
+        dev_major, dev_minor = (int(x, 16) for x in fields[3].split(":"))
+        if int(fields[4]) != st.st_ino or os.makedev(dev_major, dev_minor) != st.st_dev:
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if best is None or end - start > best[1] - best[0]:
+            best = (start, end, int(fields[2], 16))
+    return best
+
+
+def _span(mapping: tuple[int, int, int], offset: int, length: int) -> Span | None:
+    """The whole pages of the mapping that hold file bytes [offset, offset + length)."""
+    start, end, file_offset = mapping
+    lo = max(start, start + offset - file_offset) // PAGE * PAGE
+    hi = min(end, -(-(start + offset - file_offset + length) // PAGE) * PAGE)
+    return Span(lo, hi - lo, lo - start + file_offset) if hi > lo else None
+
+
+class LayerWindow:
+    def __init__(self, path: str | Path, mapping: tuple[int, int, int], layers: dict, ahead: int = 2, kept: Iterable = ()):
+        self.layers = layers
+        self.order = sorted(k for k in layers if k != OUTPUT_LAYER) + ([OUTPUT_LAYER] if OUTPUT_LAYER in layers else [])
+        self.ahead = ahead
+        self.kept = set(kept)
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = os.open(path, os.O_RDONLY)
+        self.work: queue.Queue[tuple[int, list[Span]] | None] = queue.Queue()
+        self.failed: str | None = None  # an madvise the kernel refused: the window stops steering
+        self.asked: set[int] = set()  # layers prefetched and not paged out since
+        self.thread = threading.Thread(target=self._run, name="ondevice-page-cache", daemon=True)
+        self.thread.start()
+        start, end, _ = mapping
+        self.work.put((MADV_SEQUENTIAL, [Span(start, end - start, 0)]))
+
+    @classmethod
+    def open(cls, path: str | Path, ahead: int = 2, kept: Iterable[int] = ()) -> "LayerWindow | None":
+        """The window over llama.cpp's mapping of `path` (call after the model is loaded), or None
+        where this cannot work (not Linux, the file is not mapped)."""
+        if not sys.platform.startswith("linux"):
+            return None
+        mapping = find_mapping(path)
+        if mapping is None:
+            return None
+        header = read_header(path)
+        groups: dict = dict(header.layer_ranges())
+        head = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
+        groups[OUTPUT_LAYER] = [t for t in (head, header.tensors.get("output_norm.weight")) if t is not None]
+        here = Path(path).resolve()
+        layers = {}
+        for key, tensors in groups.items():  # a split model's other parts are other files: not in this mapping
+            spans = [_span(mapping, t.offset, t.nbytes) for t in tensors if Path(t.path).resolve() == here]
+            layers[key] = [s for s in spans if s is not None]
+        return cls(path, mapping, layers, ahead, kept)
+
+    # --- called from llama.cpp's compute (keep it quick: queue the work) ---------------------------
+    def pass_starts(self) -> None:
+        for i in self.order[: self.ahead]:
+            self._prefetch(i)
+
+    def layer_done(self, i: int) -> None:
+        if i not in self.layers:
+            return
+        if i not in self.kept:
+            self.asked.discard(i)
+            self._queue(EVICT, i)
+        position = self.order.index(i)
+        for step in range(1, self.ahead + 1):  # the next layers, wrapping round to the next pass's first
+            self._prefetch(self.order[(position + step) % len(self.order)])
+
+    def _prefetch(self, layer: int) -> None:
+        if layer not in self.asked:
+            self.asked.add(layer)
+            self._queue(MADV_WILLNEED, layer)
+
+    def _queue(self, advice: int, layer: int) -> None:
+        if self.failed is None:
+            self.work.put((advice, self.layers[layer]))
+
+    # --- helper thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while (item := self.work.get()) is not None:
+            advice, spans = item
+            try:
+                for span in spans:
+                    self._advise(span, MADV_DONTNEED if advice == EVICT else advice)
+                    if advice == EVICT:
+                        os.posix_fadvise(self.fd, span.offset, span.length, os.POSIX_FADV_DONTNEED)
+            except OSError as err:
+                self.failed = f"page-cache advice failed ({err}): streaming left to the kernel"
+            self.work.task_done()
+        self.work.task_done()
+
+    def _advise(self, span: Span, advice: int) -> None:
+        if self.libc.madvise(ctypes.c_void_p(span.start), ctypes.c_size_t(span.length), advice) != 0:
+            raise OSError(ctypes.get_errno(), f"madvise({advice}): {os.strerror(ctypes.get_errno())}")
+
+    def drain(self) -> None:
+        """Wait until every queued madvise has been made."""
+        self.work.join()
+
+    def close(self) -> None:
+        self.work.put(None)
+        self.thread.join(timeout=5)
+        os.close(self.fd)

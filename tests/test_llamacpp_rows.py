@@ -1,0 +1,50 @@
+"""The llama-cpp-python bench rows (eval/llamacpp_rows.py) on a tiny pair: llama-cpp-python's own
+greedy decoding and its speculative decoding with our greedy-chain draft model give the answer
+ondevice's target alone gives (f32 tiny models: batch noise far below their logit margins)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ondevice.engine import SpecEngine, Step
+from ondevice.errors import OndeviceError
+from ondevice.eval import llamacpp_rows
+from ondevice.target.llama_target import LlamaTarget
+from tiny_models import write_tiny_gguf
+
+PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 250, 61, 8, 19]]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llamacpp-rows")
+    target = write_tiny_gguf(folder / "target.gguf", arch="llama", seed=0, head_scale=3.0)
+    drafter = write_tiny_gguf(folder / "drafter.gguf", arch="llama", seed=0, head_scale=3.0, noise=0.3)
+    return SimpleNamespace(target=target, drafter=drafter)
+
+
+def never_ends(token: int) -> bool:
+    return False
+
+
+def ondevice_alone(path, prompt, n) -> list[int]:
+    engine = SpecEngine(LlamaTarget(path, n_ctx=256, threads=1), None, never_ends)
+    return [t for item in engine.generate(prompt, n) if isinstance(item, Step) for t in item.tokens]
+
+
+@pytest.mark.parametrize("name", ["llama-cpp", "llama-cpp-spec@3"])
+def test_rows_give_the_target_alones_answers(pair, name):
+    reference = [ondevice_alone(pair.target, p, 24) for p in PROMPTS]
+    result, outputs = llamacpp_rows.run_named(llamacpp_rows.llamacpp_name(name), pair, 256, 1, PROMPTS, 24, never_ends)
+    assert outputs == reference
+    assert result.prompts == 2 and result.tokens == 2 * 23 and result.decode_seconds > 0  # the first token comes with the prefill
+    assert result.config == llamacpp_rows.label(llamacpp_rows.llamacpp_name(name))
+
+
+def test_baseline_names():
+    assert llamacpp_rows.llamacpp_name("llama-cpp-spec") == "llama-cpp-spec@4"
+    for bad in ("llama", "llama-cpp@3", "llama-cpp-spec@0", "llama-cpp-spec@x"):
+        with pytest.raises(OndeviceError, match="unknown baseline"):
+            llamacpp_rows.llamacpp_name(bad)

@@ -1,0 +1,78 @@
+"""The page-cache window of a streaming llama.cpp target (target/page_cache.py): the same logits with
+and without it, finished layers leave the page cache, kept layers and the next ones stay."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tiny_models
+from ondevice.target.llama_target import LlamaTarget
+from ondevice.target.page_cache import find_mapping
+from ondevice.tree import DraftTree
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise/mincore steering is Linux-only")
+N_LAYERS = 6
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(tiny_models.DIMS, "num_hidden_layers", N_LAYERS)
+        # layers of 6 MB: the kernel caches file pages in folios of up to 2 MB, and one that straddles
+        # two layers goes out (or stays) with both, which must stay small against a layer
+        mp.setitem(tiny_models.DIMS, "intermediate_size", 8192)
+        path = tiny_models.write_tiny_gguf(tmp_path_factory.mktemp("window") / "tiny.gguf", "llama")
+    with path.open("rb+") as f:  # written pages are dirty until flushed, and dirty pages are not paged out
+        os.fsync(f.fileno())
+    return path
+
+
+def resident_fraction(spans) -> float:
+    """Share of the spans' pages in the page cache (mincore)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pages = cached = 0
+    for span in spans:
+        n = span.length // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * n)()
+        assert libc.mincore(ctypes.c_void_p(span.start), ctypes.c_size_t(span.length), vec) == 0
+        pages, cached = pages + n, cached + sum(v & 1 for v in vec)
+    return cached / pages
+
+
+def passes(target: LlamaTarget) -> list[np.ndarray]:
+    tree = DraftTree(np.array([3, 50, 51, 60]), np.array([-1, 0, 0, 1]), np.zeros(4))
+    target.prefill([5, 17, 42, 9])
+    out = []
+    for path in ([0, 1, 3], [0, 2]):
+        out.append(target.forward_tree(tree))
+        target.commit(path)
+    return out
+
+
+def test_the_window_changes_no_logit_and_steers_the_cache(tiny):
+    plain = LlamaTarget(tiny, n_ctx=128, threads=1, max_tree_nodes=16, n_ubatch=64, streams=True)
+    reference = passes(plain)
+    plain.close()  # pages mapped twice are shared, and the kernel pages out only unshared ones
+    steered = LlamaTarget(tiny, n_ctx=128, threads=1, max_tree_nodes=16, n_ubatch=64, streams=True, window=2, kept_layers=(0,))
+    window = steered.window
+    assert window is not None and find_mapping(tiny) is not None
+    assert window.order == [*range(N_LAYERS), "output"]
+    for expected, got in zip(reference, passes(steered)):
+        assert np.array_equal(expected, got)
+    window.drain()
+    assert window.failed is None
+    assert resident_fraction(window.layers[0]) > 0.9  # kept
+    deadline = time.monotonic() + 5  # MADV_WILLNEED starts reads and returns: give them a moment
+    while resident_fraction(window.layers[1]) < 0.9 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert resident_fraction(window.layers[1]) > 0.9  # the next pass's first streamed layer, prefetched
+    finished = [resident_fraction(window.layers[i]) for i in range(2, N_LAYERS)]
+    assert max(finished) < 0.5, finished  # paged out
+    steered.close()

@@ -1,0 +1,169 @@
+"""The online rescale of the target's pass-time curve (plan/rescale.py) and the planner following it
+within a few passes; the engine re-planning between rounds stays exact."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ondevice.engine import SpecEngine, Step
+from ondevice.plan import auto as autoplan
+from ondevice.plan.acceptance import default_p_rank
+from ondevice.plan.cost_model import choose_plan
+from ondevice.plan.hardware import Curves, LatencyCurve, powers_of_two
+from ondevice.plan.rescale import PassTimes
+from ondevice.protocols import DraftSpec
+from ondevice.verify import Sampling
+from tiny_models import write_tiny_gguf
+
+# the real pair on this 2-core CPU, in RAM (DESIGN.md): a pass of n tokens costs about n single steps
+CPU_TARGET = LatencyCurve((1, 2, 4, 8, 16, 32, 64, 128, 256), (0.054, 0.096, 0.163, 0.441, 0.496, 0.975, 1.513, 3.0, 6.0))
+CPU_DRAFTER = LatencyCurve((1, 2, 4, 8, 16, 32, 64, 128), (0.027, 0.051, 0.076, 0.129, 0.238, 0.45, 0.9, 1.8))
+DISK_SECONDS = 1.0  # the target streams from disk: every pass reads ~1.1 GB first
+
+
+def true_pass(n: int, rho: float = 1.0, delta: float = 0.0) -> float:
+    return rho * CPU_TARGET(n) + delta
+
+
+# --- PassTimes ---------------------------------------------------------------------------------
+
+
+def test_fit_recovers_compute_scale_and_fixed_cost():
+    times = PassTimes(CPU_TARGET)
+    for n in (1, 5, 17, 33, 1, 17):
+        times.observe(n, true_pass(n, rho=1.3, delta=0.8))
+    rho, delta = times.fit()
+    assert rho == pytest.approx(1.3, rel=1e-6) and delta == pytest.approx(0.8, rel=1e-6)
+    for n in CPU_TARGET.ns:  # points never observed follow the fit, observed buckets their own ratio
+        assert times.curve()(n) == pytest.approx(true_pass(n, 1.3, 0.8), rel=0.05)
+
+
+def test_one_bucket_attributes_a_slowdown_to_a_fixed_cost_and_a_speedup_to_scale():
+    streaming = PassTimes(CPU_TARGET, streams=True)
+    streaming.observe(1, 1.054)
+    assert streaming.fit() == pytest.approx((1.0, 1.0))
+    in_ram = PassTimes(CPU_TARGET)  # the CPU may drift up to 1.5×; beyond, a fixed cost per pass
+    in_ram.observe(1, 0.054 * 1.2)
+    assert in_ram.fit() == pytest.approx((1.2, 0.0))
+    in_ram.observe(1, 1.054)
+    in_ram.observe(1, 1.054)
+    rho, delta = in_ram.fit()
+    assert rho == pytest.approx(1.5) and delta > 0.4
+    fast = PassTimes(CPU_TARGET)
+    fast.observe(1, 0.027)
+    assert fast.fit() == pytest.approx((0.5, 0.0))
+
+
+def test_no_pass_yet_is_the_profile():
+    assert PassTimes(CPU_TARGET).fit() == (1.0, 0.0)
+    assert PassTimes(CPU_TARGET).curve().seconds == CPU_TARGET.seconds
+
+
+def test_a_bucket_follows_a_change_within_a_few_passes():
+    times = PassTimes(CPU_TARGET)
+    for _ in range(10):
+        times.observe(1, 0.054)
+    for k in range(1, 6):
+        times.observe(1, 1.054)
+        if times.curve()(1) > 0.8:
+            break
+    assert k <= 5, times.curve()(1)
+
+
+# --- the planner follows the measured passes -----------------------------------------------------
+
+
+def make_planner(tmp_path, monkeypatch, overlap_possible: bool = False):
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    profile = SimpleNamespace(curves=Curves(CPU_TARGET, CPU_DRAFTER), overlap_possible=overlap_possible)
+    monkeypatch.setattr(autoplan, "get_profile", lambda backends, **kwargs: (profile, True))
+    memory = SimpleNamespace(streams=True)  # the memory plan says it streams
+    return autoplan.AutoPlanner(SimpleNamespace(pair="toy", memory=memory, max_tree=64))
+
+
+@pytest.fixture
+def planner(tmp_path, monkeypatch):
+    return make_planner(tmp_path, monkeypatch)
+
+
+def run_passes(planner, n_passes: int, pass_time) -> list:
+    """Plan, then observe `n_passes` passes of the planned tree size; the plan after each one."""
+    plans = []
+    for _ in range(n_passes):
+        spec = planner.replan()
+        n = 1 + (spec.budget if spec else 0)
+        planner.pass_times.observe(n, pass_time(n))
+        plans.append(planner.plan)
+    return plans
+
+
+def test_plan_follows_a_target_that_starts_and_stops_streaming(planner):
+    assert planner.spec(Sampling()) is None  # in RAM on 2 cores drafting does not pay: the target alone
+    plans = run_passes(planner, 4, lambda n: true_pass(n, delta=DISK_SECONDS))  # the target now streams
+    first_tree = next(i for i, p in enumerate(plans) if p.budget > 0)
+    assert first_tree <= 2, plans  # after one or two ~1 s passes it drafts trees
+    assert plans[-1].builder == "best-first" and plans[-1].budget >= 8
+    assert not plans[-1].overlap  # one CPU for both: drafting during the pass would only slow it
+    plans = run_passes(planner, 8, lambda n: true_pass(n))  # back in RAM
+    back = next(i for i, p in enumerate(plans) if p.budget <= 1)
+    assert back <= 2, plans  # at most a one-token draft within two passes
+    assert plans[-1].budget == 0 and not plans[-1].overlap  # then the target alone
+
+
+def test_the_plan_on_the_rescaled_curve_is_the_plan_on_the_true_curve(planner):
+    run_passes(planner, 12, lambda n: true_pass(n, rho=1.2, delta=DISK_SECONDS))
+    truth = Curves(LatencyCurve(CPU_TARGET.ns[:7], tuple(true_pass(n, 1.2, DISK_SECONDS) for n in CPU_TARGET.ns[:7])), CPU_DRAFTER)
+    expected = choose_plan(truth, planner.tracker.p_rank, False)
+    assert (planner.plan.builder, planner.plan.budget) == (expected.builder, expected.budget)
+
+
+# --- the engine re-plans between rounds and stays exact ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    from ondevice.draft.llama_drafter import LlamaDrafter
+    from ondevice.target.llama_target import LlamaTarget
+
+    folder = tmp_path_factory.mktemp("replan")
+    write_tiny_gguf(folder / "target.gguf", arch="llama", seed=0, head_scale=3.0)
+    write_tiny_gguf(folder / "drafter.gguf", arch="llama", seed=0, head_scale=3.0, noise=0.3)
+    return LlamaTarget(folder / "target.gguf", n_ctx=256, threads=1), LlamaDrafter(folder / "drafter.gguf", n_ctx=256, threads=1)
+
+
+def decode(engine, prompt, n, spec, replan=None, observe=None) -> list[int]:
+    engine.cached = []
+    out = []
+    for item in engine.generate(prompt, n, Sampling(), spec, observe=observe, replan=replan):
+        if isinstance(item, Step):
+            out += item.tokens
+    return out
+
+
+def test_replanning_every_round_keeps_greedy_output_exact(tiny_pair):
+    target, drafter = tiny_pair
+    prompt = [5, 17, 42, 99, 7, 123]
+    alone = decode(SpecEngine(target, None, lambda t: False), prompt, 40, None)
+    specs = [DraftSpec("chain", 4), None, DraftSpec("best-first", 8), DraftSpec("chain", 1)]
+    rounds, seen = [], []
+    replan = lambda: (rounds.append(1), specs[len(rounds) % len(specs)])[1]
+    observe = lambda tree, path, seconds: seen.append((len(tree), seconds))
+    assert decode(SpecEngine(target, drafter, lambda t: False), prompt, 40, specs[0], replan, observe) == alone
+    assert len(rounds) == len(seen) - 1 and {n for n, _ in seen} >= {1, 5}  # every shape ran
+    assert all(seconds > 0 for _, seconds in seen)
+
+
+def test_overlap_stops_when_its_rounds_come_out_slower_than_predicted(tmp_path, monkeypatch):
+    planner = make_planner(tmp_path, monkeypatch, overlap_possible=True)  # cores to spare for the drafter
+    run_passes(planner, 4, lambda n: true_pass(n, delta=DISK_SECONDS))
+    plan = planner.plan
+    assert plan.overlap
+    predicted_round = plan.predicted_tokens_per_pass / plan.predicted_tokens_per_second
+    answer = SimpleNamespace(target_passes=8, overhead_seconds=0.0, prepared_trees=8, overlap_hits=0, prompt_tokens=10,
+                             decode_seconds=8 * 1.5 * predicted_round)  # no guess came true, rounds 1.5× slower
+    planner.finish(answer)
+    after = planner.choose()
+    assert after.budget > 0 and not after.overlap  # still a tree, drafted between passes
