@@ -178,6 +178,16 @@ def test_measure_caches_the_curve_and_removes_the_file(tmp_path, monkeypatch):
     assert [p.name for p in models_dir().iterdir()] == ["tiny-qwen2-seed0.gguf"]  # kept, reused next time
 
 
+def test_a_model_bigger_than_the_ram_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    from ondevice.synthetic import measure as measure_module
+
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    monkeypatch.setattr(measure_module.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 3 << 30, "total": 24 << 30})())
+    with pytest.raises(OndeviceError, match="qwen2.5-7b needs 4.7 GB of RAM") as info:
+        measure(from_preset(PRESETS["qwen2.5-7b"]), LoadOptions(target_backend="llama"), show=False)
+    assert "--ram-memory" in str(info.value) and not models_dir().exists()
+
+
 def test_cli_synthetic_twin_of_a_file_as_json(tmp_path):
     source = write_synthetic_gguf(tiny_shape("llama"), tmp_path / "mine.gguf", seed=9, show=False)
     env_home = tmp_path / "home"
@@ -196,3 +206,28 @@ def test_cli_unknown_shape_is_one_line_error():
     result = subprocess.run([sys.executable, "-m", "ondevice", "bench", "--synthetic", "gpt-5"], capture_output=True, text=True)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and "gpt-5" in result.stderr and "qwen2.5-72b" in result.stderr
+
+
+# --- the GPU path (skipped without CUDA) -----------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_synthetic_target_streams_from_pinned_ram_to_the_gpu(tmp_path, monkeypatch):
+    """Under a --gpu-memory budget that holds 2 of 8 layers, the other 6 stream each pass: the bytes
+    per pass are theirs, and both bandwidths (pinned peak, streamer's copy rate) are measured."""
+    from ondevice.offload.target import plan_offload
+    from ondevice.protocols import MAX_BUDGET
+
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    shape = ModelShape("small-qwen2", "qwen2", 8, 512, 1024, 8, 2, 64, 4096)
+    path = write_synthetic_gguf(shape, tmp_path / "small.gguf", show=False)
+    plan = plan_offload(path, torch.device("cuda"), torch.bfloat16, 256, "100GB", None, max_tree=MAX_BUDGET)
+    decoded = [plan.layouts[i].decoded_bytes for i in range(8)]
+    moved = [plan.layouts[i].nbytes for i in range(8)]
+    budget = plan.resident_bytes + 2 * max(moved) + max(decoded) + 2 * max(decoded) + min(decoded) // 2  # floor + 2 layers
+    (model,) = resolve(str(path))
+    m = measure(model, LoadOptions(target_backend="torch", gpu_memory=str(budget), n_ctx=256), ns=(1, 16, 256), show=False)
+    assert m.traffic.source == "pinned RAM → GPU" and "2 on GPU, 6 streamed from RAM" in m.placement
+    assert 6 * min(moved) <= m.traffic.bytes_per_pass <= 6 * max(moved)
+    assert m.traffic.reference_gbps > 0 and m.traffic.copy_gbps > 0

@@ -16,10 +16,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import psutil
+
 from ondevice import pipeline
+from ondevice.errors import OndeviceError
+from ondevice.offload.placement import RAM_MARGIN
 from ondevice.paths import home
 from ondevice.pipeline import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
+from ondevice.sizes import format_bytes
 from ondevice.plan.hardware import (
     Bandwidths, LatencyCurve, machine_facts, measure_disk_read, measure_drafter_curve, measure_pinned_bandwidth,
     measure_ram_bandwidth, measure_target_curve, powers_of_two,
@@ -73,6 +78,7 @@ def measure(
 ) -> SyntheticMeasurement:
     """Write (or reuse) the synthetic GGUF, measure its curve on this machine, cache and return it."""
     facts = machine_facts(home())
+    check_fits_in_ram(model, opts)  # before gigabytes are written
     with synthetic_file(model, seed, keep, show) as path:
         bandwidths = Bandwidths(measure_ram_bandwidth(), disk_read=measure_disk_read(path))  # disk first: before a backend maps it
         if facts.gpus:
@@ -97,6 +103,30 @@ def measure(
     )
     save_measurement(facts.fingerprint(), result)
     return result
+
+
+def check_fits_in_ram(model: SyntheticModel, opts: LoadOptions) -> None:
+    """Refuse, in one line and before anything is written, a model this process would hold in RAM
+    but that does not fit: llama.cpp copies the weights it repacks into its own memory, and the torch
+    target on a CPU without a budget dequantizes all of them (fp32); either would push every other
+    process out, or be killed. A placement under --gpu-memory / --ram-memory plans for itself."""
+    import torch
+
+    backend = "llama" if model.role == "drafter" else pipeline.pick_backend(opts.target_backend)
+    on_cpu = not torch.cuda.is_available() and (opts.device or "cpu").startswith("cpu")
+    if backend == "llama":
+        size = file_bytes(list(model.tensors))
+    elif on_cpu and not (opts.gpu_memory or opts.ram_memory):
+        size = 4 * model.shape.parameters()
+    else:
+        return
+    room = psutil.virtual_memory().available - RAM_MARGIN
+    if size > room:
+        raise OndeviceError(
+            f"the synthetic {model.shape.name} needs {format_bytes(size)} of RAM as {backend} runs it here, more than is available "
+            f"({format_bytes(max(room, 0))} after a {format_bytes(RAM_MARGIN)} margin); measure it with --target-backend torch "
+            "and a --ram-memory budget (layers stream from disk), or on a machine with more memory."
+        )
 
 
 def where_it_ran(target, model: SyntheticModel, bw: Bandwidths) -> tuple[str, Traffic]:
