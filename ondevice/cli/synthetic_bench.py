@@ -33,9 +33,12 @@ def run_synthetic(name: str, sizes: list[int] | None, keep: bool, compare_real: 
             record["compare_real"] = _compare(model, load, m.curve.ns, as_json)
         records.append(record)
         if not as_json:
-            console.print(curve_table(m, record.get("compare_real")))
+            console.print(curve_table(m))
             for line in summary_lines(m, model):
                 console.print(line)
+            if "compare_real" in record:
+                console.print(compare_table(record["compare_real"]))
+                console.print(f"largest deviation of the twin from the real file: {record['compare_real']['max_deviation']:.0%}")
     if as_json:
         print(json.dumps({"synthetic": name, "measurements": records}, indent=2))
 
@@ -50,16 +53,22 @@ def _compare(model: SyntheticModel, load: LoadOptions, ns, as_json: bool) -> dic
             "max_deviation": max(abs(x - 1) for x in ratios)}  # fmt: skip
 
 
-def curve_table(m: SyntheticMeasurement, compare: dict | None = None) -> Table:
+def curve_table(m: SyntheticMeasurement) -> Table:
     what = "target pass vs tokens" if m.role == "target" else "draft call vs batch"
     table = Table(title=f"synthetic {m.shape} — {what} ({m.backend}{', ' + m.budgets if m.budgets else ''})", title_justify="left")
-    for col in ("n", "ms", "ms / token") + (("real ms", "twin / real") if compare else ()):
+    for col in ("n", "ms", "ms / token"):
         table.add_column(col, justify="right")
-    for i, (n, t) in enumerate(zip(m.curve.ns, m.curve.seconds)):
-        row = [str(n), f"{t * 1e3:.1f}", f"{t * 1e3 / n:.2f}"]
-        if compare:
-            row += [f"{compare['real_seconds'][i] * 1e3:.1f}", f"{compare['twin_over_real'][i]:.2f}"]
-        table.add_row(*row)
+    for n, t in zip(m.curve.ns, m.curve.seconds):
+        table.add_row(str(n), f"{t * 1e3:.1f}", f"{t * 1e3 / n:.2f}")
+    return table
+
+
+def compare_table(compare: dict) -> Table:
+    table = Table(title=f"twin vs {compare['real_file'].rsplit('/', 1)[-1]}: interleaved in one run, best pass of each", title_justify="left")
+    for col in ("n", "real ms", "twin ms", "twin / real"):
+        table.add_column(col, justify="right")
+    for n, r, t, ratio in zip(compare["ns"], compare["real_seconds"], compare["twin_seconds"], compare["twin_over_real"]):
+        table.add_row(str(n), f"{r * 1e3:.1f}", f"{t * 1e3:.1f}", f"{ratio:.2f}")
     return table
 
 

@@ -155,10 +155,11 @@ def _resident_traffic(model: SyntheticModel, bw: Bandwidths, source: str) -> Tra
 
 
 def compare_with_real(
-    model: SyntheticModel, opts: LoadOptions, ns: Sequence[int], seed: int = 0, rounds: int = 2, show: bool = True
+    model: SyntheticModel, opts: LoadOptions, ns: Sequence[int], seed: int = 0, rounds: int = 2, repeats: int = 3, show: bool = True
 ) -> tuple[LatencyCurve, LatencyCurve]:
-    """(real, twin) target curves measured in one run, alternating real, twin, real, twin, … so both
-    see the same machine; each point is the best of its rounds."""
+    """(real, twin) target curves from one run, interleaved at every size: real, twin, real, twin
+    (`rounds` times, `repeats` passes each), so a busy moment of the machine hits both alike; each
+    point is the best pass of its target."""
     if model.real_file is None:
         raise ValueError("no real file to compare with")
     with synthetic_file(model, seed, keep=False, show=show) as path:
@@ -167,13 +168,15 @@ def compare_with_real(
         try:
             curves: dict[str, list[LatencyCurve]] = {"real": [], "twin": []}
             for _ in range(rounds):
-                for label, target in (("real", real), ("twin", twin)):
-                    curves[label].append(measure_target_curve(target, ns, show=show))
+                for n in ns:
+                    for label, target in (("real", real), ("twin", twin)):
+                        curves[label].append(measure_target_curve(target, [n], repeats=repeats, show=False))
         finally:
             real.close()
             twin.close()
-    return best_of(curves["real"]), best_of(curves["twin"])
+    return best_of(curves["real"], ns), best_of(curves["twin"], ns)
 
 
-def best_of(curves: list[LatencyCurve]) -> LatencyCurve:
-    return LatencyCurve(curves[0].ns, tuple(min(c.seconds[i] for c in curves) for i in range(len(curves[0].ns))))
+def best_of(points: list[LatencyCurve], ns: Sequence[int]) -> LatencyCurve:
+    """One curve from single-size measurements: the fastest time seen at each size."""
+    return LatencyCurve(tuple(ns), tuple(min(c.seconds[0] for c in points if c.ns[0] == n) for n in ns))
