@@ -178,6 +178,19 @@ def test_measure_caches_the_curve_and_removes_the_file(tmp_path, monkeypatch):
     assert [p.name for p in models_dir().iterdir()] == ["tiny-qwen2-seed0.gguf"]  # kept, reused next time
 
 
+def test_disk_tier_reports_the_bytes_read_from_disk_per_pass(tmp_path, monkeypatch):
+    """torch target under a CPU budget for 2 of 8 layers and a RAM budget for 2 more: 4 layers are
+    read from the file on every pass, and the bandwidth compared is the disk's."""
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    model = from_preset(ModelShape("tiny8", "qwen2", 8, 256, 512, 4, 2, 64, 512))
+    layer = [sum(t.nbytes for t in model.tensors if t.name.startswith(f"blk.{i}.")) for i in range(8)]
+    opts = LoadOptions(target_backend="torch", gpu_memory="18MB", ram_memory="1500KB", n_ctx=256)
+    m = measure(model, opts, ns=(1, 4), show=False)
+    assert m.placement.startswith("8 layers: 2 on CPU, 2 streamed from RAM, 4 from disk")
+    assert m.traffic.source == "disk" and m.traffic.reference == "disk read" and m.traffic.reference_gbps > 0
+    assert 4 * min(layer) <= m.traffic.bytes_per_pass <= 4 * max(layer) and m.budgets == "gpu 18MB, ram 1500KB"
+
+
 def test_a_model_bigger_than_the_ram_is_refused_before_it_is_written(tmp_path, monkeypatch):
     from ondevice.synthetic import measure as measure_module
 

@@ -30,26 +30,32 @@ def show_forecasts(
 
 def forecast_table(forecasts: list[Forecast]) -> Table:
     backend = forecasts[0].backend if forecasts else ""
-    table = Table(title=f"predicted speed on this machine ({backend}; predicted · measured by `ondevice bench`)", box=box.SIMPLE)
+    table = Table(title=f"predicted tok/s on this machine ({backend}) · measured by `ondevice bench`", box=box.SIMPLE)
     table.add_column("pair", no_wrap=True)
-    for col, justify in (("target lives", "left"), ("alone tok/s", "right"), ("with speculation", "left"),
-                         ("tok/s", "right"), ("top-1", "right")):  # fmt: skip
-        table.add_column(col, justify=justify, overflow="fold")
+    table.add_column("target lives", overflow="fold")
+    table.add_column("alone", justify="right")
+    table.add_column("with speculation (best plan)", overflow="fold")
+    table.add_column("top-1", justify="right")
     for f in forecasts:
         acceptance = f"{f.top1:.2f} {f.acceptance}"
         if f.target is None or f.drafter is None:
-            table.add_row(f.pair, "?", "not measured", "", "", acceptance)
+            table.add_row(f.pair, "?", "not measured", "", acceptance)
             continue
-        spec = f.speculative
-        plan = f"{plan_config(spec)}, {spec.predicted_tokens_per_pass:.1f} tok/pass" if spec and spec.budget else "no tree fits"
-        if f.planner and f.planner.budget == 0:
-            plan += " (auto: target alone)"
-        measured_spec = f.measured_speculative()
-        spec_text = _pair_of(spec.predicted_tokens_per_second if spec and spec.budget else None, measured_spec[1] if measured_spec else None)
-        if measured_spec and spec and measured_spec[0] != plan_config(spec):
-            spec_text += f" ({measured_spec[0]})"
-        table.add_row(f.pair, f.target.placement, _pair_of(f.alone, f.measured_tps("target only")), plan, spec_text, acceptance)
+        table.add_row(f.pair, f.target.placement.split(";")[0], _pair_of(f.alone, f.measured_tps("target only")), _speculation(f), acceptance)
     return table
+
+
+def _speculation(f: Forecast) -> str:
+    spec = f.speculative
+    if spec is None or spec.budget == 0:
+        return "no tree fits the measured curve"
+    text = f"{plan_config(spec)}: {_pair_of(spec.predicted_tokens_per_second, None)} ({spec.predicted_tokens_per_pass:.1f} tok/pass)"
+    measured = f.measured_speculative()
+    if measured:
+        text += f" · {measured[1]:.1f}" + ("" if measured[0] == plan_config(spec) else f" ({measured[0]})")
+    if f.planner and f.planner.budget == 0:
+        text += "; auto runs the target alone"
+    return text
 
 
 def _pair_of(predicted: float | None, measured: float | None) -> str:
