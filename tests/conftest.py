@@ -6,10 +6,13 @@ import os
 
 import pytest
 
-# The Hugging Face client asks the real hub for its user-agent registry on its first request, even
-# when a test points it at a local stand-in (it reads HF_ENDPOINT once, at import); tests touch no
-# network, so that lookup is off. Set before anything imports huggingface_hub.
+# Tests touch no network and write nothing outside temporary folders. Two dependencies would, unless
+# told not to before they are imported: the Hugging Face client asks the real hub for its user-agent
+# registry on its first request, even when a test points it at a local stand-in (it reads HF_ENDPOINT
+# once, at import); ONNX Runtime (1.29+) keeps a telemetry database under ~/.cache/Microsoft and
+# uploads a process event.
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"
 
 from ondevice.catalog.pairs import load_pair  # noqa: E402
 from ondevice.catalog.hub import PairFiles, ensure_pair  # noqa: E402
