@@ -26,8 +26,9 @@ HELP = """commands:
   /set temperature X | top_p X | top_k N | seed N | max_tokens N | tree NAME | budget N | system TEXT | think on|off
   /show      model, backend and settings
   /clear     forget the conversation
-  /bye       exit
-  \"\"\"       start/end multi-line input"""
+  /bye       exit (or Ctrl-D, or Ctrl-C at the prompt)
+  \"\"\"       start/end multi-line input
+  Ctrl-C     while answering: stop the answer (it is left out of the conversation)"""
 
 
 def read_message(keyboard: LineReader) -> str | None:
