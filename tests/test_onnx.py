@@ -205,6 +205,15 @@ def test_the_check_catches_the_dequantize_everything_fallback():
     assert kernel_ratio(NBitsConfig(4, 32, 4), size=2048, repeats=3, threads=1) < 1.0
 
 
+def test_an_export_whose_kernels_fall_back_is_refused(tmp_path, monkeypatch, quant_dims):
+    """The build times its kernels once (manifest); a CPU where one falls back gets a clear error, every load."""
+    path = write_tiny_gguf(tmp_path / "q.gguf", arch="qwen2", quantize=q4_k_m_mix)
+    monkeypatch.setattr(ex, "kernel_ratios", lambda paths: {NBitsConfig(8, 16, 4): 30.0, NBitsConfig(4, 32, 4): 0.2})
+    for _ in range(2):
+        with pytest.raises(OndeviceError, match="8-bit block 16.*falls back|falls back.*8-bit block 16"):
+            ex.ensure_export(path, show=False)
+
+
 def test_export_is_built_once_and_rebuilt_when_stale(tmp_path, monkeypatch):
     path = write_tiny_gguf(tmp_path / "t.gguf", arch="qwen2")
     first = ex.ensure_export(path, show=False)

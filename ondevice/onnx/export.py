@@ -27,6 +27,7 @@ from onnx import TensorProto, helper
 from ondevice.errors import OndeviceError
 from ondevice.onnx import graph as G
 from ondevice.onnx.nbits import NBitsWeight, gguf_to_nbits, requantize_4bit, stack_rows, supported
+from ondevice.onnx.session import fallback_error, kernel_ratios
 from ondevice.paths import write_json
 from ondevice.quant.embedding_rows import EmbeddingRows
 from ondevice.quant.gguf_blocks import FLOAT_TYPES
@@ -98,9 +99,21 @@ def ensure_export(
                 if path in missing:
                     _build_head(source, args, path, accuracy_level, rows)
             embd = source.tensors["tok_embeddings.weight"]
-            write_json(manifest, {**ident, "args": asdict(args), "embedding": EmbeddingRows.of_tensor(embd, embd.path).to_dict()})
+            kernels = _kernel_check([p for p in (body, head, trimmed) if p], accuracy_level)
+            write_json(manifest, {**ident, "args": asdict(args), "embedding": EmbeddingRows.of_tensor(embd, embd.path).to_dict(), "kernels": kernels})
         saved = json.loads(manifest.read_text())
+    if error := saved.get("kernels", {}).get("fallback"):
+        raise OndeviceError(f"{gguf_path.name}: {error}")
     return OnnxExport(folder, ModelArgs.from_dict(saved["args"]), EmbeddingRows.from_dict(saved["embedding"]), body, head, trimmed)
+
+
+def _kernel_check(paths: list[Path], accuracy_level: int) -> dict:
+    """Once per build: every MatMulNBits configuration timed against a float MatMul (session.py).
+    At the fp32 accuracy level (tests only) 8-bit nodes fall back by design: not checked."""
+    if accuracy_level != ACCURACY_INT8:
+        return {}
+    ratios = kernel_ratios(paths)
+    return {"ratios": {f"{c.bits}-bit block {c.block}": round(r, 3) for c, r in ratios.items()}, "fallback": fallback_error(ratios)}
 
 
 def _current(manifest: Path, ident: dict) -> bool:

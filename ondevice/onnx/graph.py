@@ -118,7 +118,7 @@ def _io(name: str, dtype, shape) -> "onnx.ValueInfoProto":  # noqa: F821
 
 def body_graph(g: GraphBuilder, args: ModelArgs, weights: WeightSource, on_layer: Callable[[int], None] = lambda i: None):
     """The decoder body's graph (see the module docstring); initializers go through g."""
-    C, hd, nh, nkv = args.dim, args.head_dim, args.n_heads, args.n_kv_heads
+    C, hd, nkv = args.dim, args.head_dim, args.n_kv_heads
     inputs = [
         _io("embeds", TensorProto.FLOAT, [1, "T", C]),
         _io("cos", TensorProto.FLOAT, ["T", hd // 2]),
@@ -129,37 +129,42 @@ def body_graph(g: GraphBuilder, args: ModelArgs, weights: WeightSource, on_layer
         _io("attention_bias", TensorProto.FLOAT, [1, 1, "T", "S"]),
     ]
     outputs = [_io("hidden", TensorProto.FLOAT, [1, "T", C])]
-    interleaved = int(args.arch == "llama")  # GGUF keeps Llama's q/k rows in RoPE-pair order
     x = "embeds"
     for i in range(args.n_layers):
-        p = f"layers.{i}."
         for kind in ("key", "value"):
             inputs.append(_io(f"past_{kind}_{i}", TensorProto.FLOAT, [1, nkv, "slots", hd]))
             outputs.append(_io(f"present_{kind}_{i}", TensorProto.FLOAT, [1, nkv, "slots", hd]))
-        h = g.rms_norm(x, weights.vector(p + "attention_norm.weight"), args.norm_eps, p + "attention_norm.weight")
-        projections = ("wq", "wk", "wv")
-        biases = [weights.vector(p + f"attention.{w}.bias") for w in projections] if args.qkv_bias else None
-        q, k, v = g.linears(h, [weights.matrix(p + f"attention.{w}.weight") for w in projections], [p + f"attention.{w}" for w in projections], biases)
-        if args.qk_norm:  # Qwen3: RMSNorm of every head's q and k
-            q = _per_head_norm(g, q, weights.vector(p + "attention.q_norm.weight"), nh, hd, args.norm_eps, p + "attention.q_norm")
-            k = _per_head_norm(g, k, weights.vector(p + "attention.k_norm.weight"), nkv, hd, args.norm_eps, p + "attention.k_norm")
-        q = g.op("RotaryEmbedding", [q, "rope_ids", "cos", "sin"], "rope_q", domain=MS, interleaved=interleaved, num_heads=nh)
-        k = g.op("RotaryEmbedding", [k, "rope_ids", "cos", "sin"], "rope_k", domain=MS, interleaved=interleaved, num_heads=nkv)
-        attn = g.op(
-            "GroupQueryAttention",
-            [q, k, v, f"past_key_{i}", f"past_value_{i}", "seqlens_k", "total_len", "", "", "", "attention_bias"],
-            "attn", outputs=[g.fresh("attn"), f"present_key_{i}", f"present_value_{i}"], domain=MS, num_heads=nh, kv_num_heads=nkv,
-        )[0]  # fmt: skip
-        x = g.op("Add", [x, g.linear(attn, weights.matrix(p + "attention.wo.weight"), p + "attention.wo")], "resid")
-        h = g.rms_norm(x, weights.vector(p + "ffn_norm.weight"), args.norm_eps, p + "ffn_norm.weight")
-        gate, up = g.linears(h, [weights.matrix(p + f"feed_forward.{w}.weight") for w in ("w_gate", "w_up")],
-                             [p + f"feed_forward.{w}" for w in ("w_gate", "w_up")])  # fmt: skip
-        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], "sig")], "silu"), up], "glu")
-        x = g.op("Add", [x, g.linear(act, weights.matrix(p + "feed_forward.w_down.weight"), p + "feed_forward.w_down")], "resid")
+        x = decoder_layer(g, args, weights, x, i)
         on_layer(i)
     g.rms_norm(x, weights.vector("norm.weight"), args.norm_eps, "norm.weight")
     g.nodes[-1].output[0] = "hidden"
     return helper.make_graph(g.nodes, "body", inputs, outputs, g.initializers)
+
+
+def decoder_layer(g: GraphBuilder, args: ModelArgs, weights: WeightSource, x: str, i: int) -> str:
+    """Layer i on x (1, T, C): attention over its cache (past/present_*_i), then the SwiGLU MLP."""
+    hd, nh, nkv, eps, p = args.head_dim, args.n_heads, args.n_kv_heads, args.norm_eps, f"layers.{i}."
+    interleaved = int(args.arch == "llama")  # GGUF keeps Llama's q/k rows in RoPE-pair order
+    h = g.rms_norm(x, weights.vector(p + "attention_norm.weight"), eps, p + "attention_norm.weight")
+    projections = ("wq", "wk", "wv")
+    biases = [weights.vector(p + f"attention.{w}.bias") for w in projections] if args.qkv_bias else None
+    q, k, v = g.linears(h, [weights.matrix(p + f"attention.{w}.weight") for w in projections], [p + f"attention.{w}" for w in projections], biases)
+    if args.qk_norm:  # Qwen3: RMSNorm of every head's q and k
+        q = _per_head_norm(g, q, weights.vector(p + "attention.q_norm.weight"), nh, hd, eps, p + "attention.q_norm")
+        k = _per_head_norm(g, k, weights.vector(p + "attention.k_norm.weight"), nkv, hd, eps, p + "attention.k_norm")
+    q = g.op("RotaryEmbedding", [q, "rope_ids", "cos", "sin"], "rope_q", domain=MS, interleaved=interleaved, num_heads=nh)
+    k = g.op("RotaryEmbedding", [k, "rope_ids", "cos", "sin"], "rope_k", domain=MS, interleaved=interleaved, num_heads=nkv)
+    attn = g.op(
+        "GroupQueryAttention",
+        [q, k, v, f"past_key_{i}", f"past_value_{i}", "seqlens_k", "total_len", "", "", "", "attention_bias"],
+        "attn", outputs=[g.fresh("attn"), f"present_key_{i}", f"present_value_{i}"], domain=MS, num_heads=nh, kv_num_heads=nkv,
+    )[0]  # fmt: skip
+    x = g.op("Add", [x, g.linear(attn, weights.matrix(p + "attention.wo.weight"), p + "attention.wo")], "resid")
+    h = g.rms_norm(x, weights.vector(p + "ffn_norm.weight"), eps, p + "ffn_norm.weight")
+    mlp = [p + f"feed_forward.{w}" for w in ("w_gate", "w_up")]
+    gate, up = g.linears(h, [weights.matrix(name + ".weight") for name in mlp], mlp)
+    act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate], "sig")], "silu"), up], "glu")  # SiLU(gate)·up
+    return g.op("Add", [x, g.linear(act, weights.matrix(p + "feed_forward.w_down.weight"), p + "feed_forward.w_down")], "resid")
 
 
 def _per_head_norm(g: GraphBuilder, x: str, weight: np.ndarray, heads: int, hd: int, eps: float, name: str) -> str:

@@ -10,9 +10,9 @@ Fast kernels: ONNX Runtime runs MatMulNBits on its packed integer kernels only f
 (bits, block size, accuracy level) on a given CPU and only without float zero points; otherwise it
 dequantizes the whole matrix to float32 on every call (measured: 8.6 s per pass instead of 50 ms).
 ORT does not say which path it took, so `check_fast_kernels` times it: each distinct configuration
-in a graph, on a 2048×2048 matrix, against a float32 MatMul of the same size. The fallback does at
+in a graph, on a 1024×1024 matrix (2048² to confirm a slow one), against a float32 MatMul of the same size. The fallback does at
 least that MatMul's work (it *is* a dequantize plus that MatMul); a packed kernel reads 4–8× fewer
-bytes and does integer math: measured 0.1× (4-bit) to 0.4× (8-bit) of it, the fallback 25–50×.
+bytes and does integer math: measured 0.1–0.5× of it (4- and 8-bit, 1024² to 4096²), the fallback 8–55×.
 """
 
 from __future__ import annotations
@@ -113,13 +113,26 @@ def kernel_ratio(config: NBitsConfig, size: int = 2048, repeats: int = 5, thread
     return best[0] / best[1]
 
 
-def check_fast_kernels(model_paths: list[str | Path], threads: int | None = None) -> dict[NBitsConfig, float]:
-    """{config: ratio} for every MatMulNBits configuration in these models; OndeviceError if any
-    would run the dequantize-everything fallback on this CPU."""
+def kernel_ratios(model_paths: list[str | Path], threads: int | None = None) -> dict[NBitsConfig, float]:
+    """{config: kernel_ratio} for every MatMulNBits configuration in these models: on a 1024² matrix
+    (fast: ~0.5×, fallback: ~8×), and a slow one again on 2048² before it is called a fallback."""
     configs = set().union(*(nbits_configs(path) for path in model_paths))
-    ratios = {config: kernel_ratio(config, threads=threads) for config in configs}
+    ratios = {config: kernel_ratio(config, size=1024, threads=threads) for config in configs}
+    return {c: r if r <= FALLBACK_RATIO else kernel_ratio(c, size=2048, repeats=7, threads=threads) for c, r in ratios.items()}
+
+
+def fallback_error(ratios: dict[NBitsConfig, float]) -> str | None:
+    """The one-line error for configurations on the fallback path, None if every one is fast."""
     slow = {c: r for c, r in ratios.items() if r > FALLBACK_RATIO}
-    if slow:
-        desc = ", ".join(f"{c.bits}-bit block {c.block} accuracy {c.accuracy_level} ({r:.2f}× a float MatMul)" for c, r in slow.items())
-        raise OndeviceError(f"MatMulNBits falls back to dequantizing every weight on this CPU for {desc}: use the llama backends.")
+    if not slow:
+        return None
+    desc = ", ".join(f"{c.bits}-bit block {c.block} accuracy {c.accuracy_level} ({r:.2f}× a float MatMul)" for c, r in slow.items())
+    return f"MatMulNBits falls back to dequantizing every weight on this CPU for {desc}: use the llama backends."
+
+
+def check_fast_kernels(model_paths: list[str | Path], threads: int | None = None) -> dict[NBitsConfig, float]:
+    """kernel_ratios, or an OndeviceError if any configuration would run the dequantize-everything fallback."""
+    ratios = kernel_ratios(model_paths, threads)
+    if error := fallback_error(ratios):
+        raise OndeviceError(error)
     return ratios
