@@ -1,4 +1,4 @@
-"""OnnxDrafter: the drafter model on ONNX Runtime (CPU), from the drafter GGUF's own weights.
+"""OnnxDrafter: the drafter model on ONNX Runtime (CPU), from the drafter GGUF's own weights, 4-bit.
 
 The same model as LlamaDrafter (`model_drafter.ModelDrafter` grows the trees), run by the exported
 decoder (`ondevice.onnx`): MatMulNBits reuses every weight block across the nodes of one expansion,
@@ -29,10 +29,12 @@ class OnnxDrafter(ModelDrafter):
         vocab_trim: bool = False,
         target_vocab: int | None = None,
         accuracy_level: int = ACCURACY_INT8,
-        int4: bool = False,
+        int4: bool = True,
         show: bool = True,
     ):
-        """int4: run every 8-bit matrix (Q5_0, Q8_0, Q6_K) requantized to 4 bits (faster, slightly other drafts)."""
+        """int4 (default): run every 8-bit matrix (Q5_0, Q8_0, Q6_K) requantized to 4 bits. Measured on
+        the Qwen2.5-Coder 0.5B (2 threads): one call 24 → 17 ms (14 ms with VocabTrim) for 1 node, 39 → 32
+        ms for 8; the drafts change slightly, exactness does not (the target checks every token)."""
         head = TrimmedHead.find(model_path) if vocab_trim else None
         rows = head.keep_ids if head else None
         export = ensure_export(model_path, accuracy_level=accuracy_level, head_rows=rows, show=show, int4=int4)
