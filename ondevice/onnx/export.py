@@ -192,7 +192,7 @@ class ExternalData:
         pad = -self.file.tell() % ALIGN
         self.file.write(b"\0" * pad)
         offset = self.file.tell()
-        self.file.write(np.ascontiguousarray(array).tobytes())
+        self.file.write(np.ascontiguousarray(array).data)  # no copy: the buffer itself
         tensor = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
         tensor.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self.path.name), ("offset", offset), ("length", array.nbytes)):
