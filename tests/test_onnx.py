@@ -197,7 +197,7 @@ def test_exported_graph_runs_only_fast_kernels(tmp_path, quant_dims):
     assert all(c.accuracy_level == ex.ACCURACY_INT8 and c.zero_point_type is None for c in configs)
     ratios = check_fast_kernels([export.body, export.head], threads=1)
     assert set(ratios) == configs
-    drafter = ex.ensure_export(path, show=False, int4=True)  # the ONNX drafter's default: 4-bit everywhere
+    drafter = ex.ensure_export(path, show=False, int4_block=32)  # the ONNX drafter's: 4-bit everywhere
     assert {(c.bits, c.block) for c in nbits_configs(drafter.body) | nbits_configs(drafter.head)} == {(4, 32)}
 
 

@@ -74,15 +74,16 @@ def rows_tag(rows: np.ndarray) -> str:
 
 def ensure_export(
     gguf_path: str | Path, accuracy_level: int = ACCURACY_INT8, head_rows: np.ndarray | None = None, show: bool = True,
-    int4: bool = False,
+    int4_block: int | None = None,
 ) -> OnnxExport:
     """The cached export of this GGUF (what is missing or stale is built now), with a trimmed head if
-    asked. int4: every 8-bit matrix requantized to 4 bits (`nbits.requantize_4bit`), for a drafter."""
+    asked. int4_block: every matrix requantized to 4 bits with one scale per this many weights
+    (`nbits.requantize_4bit`; not exact, for a drafter); None: the GGUF's own codes."""
     gguf_path = Path(gguf_path).expanduser()
     folder = export_dir(gguf_path)
     folder.mkdir(exist_ok=True)
-    ident = {**_identity(gguf_path, accuracy_level), "int4": int4}
-    variant = f"a{accuracy_level}" + ("-int4" if int4 else "")
+    ident = {**_identity(gguf_path, accuracy_level), "int4_block": int4_block}
+    variant = f"a{accuracy_level}" + (f"-int4b{int4_block}" if int4_block else "")
     body, head = folder / f"body.{variant}.onnx", folder / f"head.{variant}.onnx"
     trimmed = None if head_rows is None else folder / f"head-{rows_tag(head_rows)}.{variant}.onnx"
     manifest = folder / f"manifest.{variant}.json"
@@ -92,7 +93,7 @@ def ensure_export(
         if missing:
             reader = W.open_gguf(gguf_path)
             args = W.gguf_model_args(reader)
-            source = GGUFWeights(reader, args, int4)
+            source = GGUFWeights(reader, args, int4_block)
             if body in missing:
                 _build_body(source, args, body, accuracy_level, show, gguf_path.name)
             for path, rows in ((head, None), (trimmed, head_rows)):
@@ -140,8 +141,8 @@ def _locked(folder: Path):
 class GGUFWeights:
     """`graph.WeightSource` over a GGUF reader: quantized matrices as MatMulNBits, the rest float32."""
 
-    def __init__(self, reader, args: ModelArgs, int4: bool = False):
-        self.args, self.int4 = args, int4
+    def __init__(self, reader, args: ModelArgs, int4_block: int | None = None):
+        self.args, self.int4_block = args, int4_block
         self.tensors = {}
         for tensor in reader.tensors:
             name = W._rename(tensor.name, W.GGUF_NAMES)
@@ -164,13 +165,20 @@ class GGUFWeights:
         k, n = (int(d) for d in tensor.shape[:2])  # GGUF lists the inner dimension first
         if supported(tensor.tensor_type):
             chunks = [gguf_to_nbits(tensor.data, tensor.tensor_type, n, k, rows=part) for part in _row_chunks(n, rows)]
-            if self.int4:
-                chunks = [requantize_4bit(c) if c.bits == 8 else c for c in chunks]
+            if self.int4_block:
+                chunks = [requantize_4bit(c, _block_for(k, self.int4_block)) for c in chunks]
             return stack_rows(chunks) if len(chunks) > 1 else chunks[0]
         if tensor.tensor_type not in FLOAT_TYPES:
             raise OndeviceError(f"{tensor.name} is stored as {tensor.tensor_type.name}, which the ONNX backend cannot read: use a K-quant, Q8_0 or float GGUF.")
         w = W._dequantize(tensor)
         return np.ascontiguousarray(w if rows is None else w[rows], dtype=np.float32)
+
+
+def _block_for(k: int, block: int) -> int:
+    """The largest power of two ≤ block that divides k (MatMulNBits blocks are powers of two ≥ 16)."""
+    while k % block and block > 16:
+        block //= 2
+    return block
 
 
 def _row_chunks(n: int, rows: np.ndarray | None) -> list[np.ndarray]:
