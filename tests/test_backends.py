@@ -50,6 +50,9 @@ def test_auto_takes_the_fastest_measured_pair_and_only_measured_ones():
     slower_onnx = fake_profile({"llama": FLAT, "onnx": STEEP}, {"llama": FAST_DRAFT, "onnx": SLOW_DRAFT})
     assert (best_backends(slower_onnx, P_RANK).target, best_backends(slower_onnx, P_RANK).drafter) == ("llama", "llama")
     assert best_backends(fake_profile({"llama": STEEP}, {"llama": SLOW_DRAFT}), P_RANK, target="onnx") is None  # onnx never measured
+    barely = curve({n: t * 0.97 for n, t in zip(STEEP.ns, STEEP.seconds)})  # 3% faster: within a profile's noise
+    close = fake_profile({"llama": STEEP, "onnx": barely}, {"llama": SLOW_DRAFT})
+    assert backend_options(close, P_RANK)[0].target == "onnx" and best_backends(close, P_RANK).target == "llama"
     assert best_backends(None, P_RANK) is None
 
 

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ondevice.eval import prompts as prompt_sets
-from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_same, run_config
+from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_same, keep_fastest, run_config
 from ondevice.eval.llamacpp_rows import llamacpp_name
 from ondevice.eval.measured import record_bench
 from ondevice.cli import options as opt
@@ -207,6 +207,10 @@ def bench(
     compare_real: bool = typer.Option(
         False, "--compare-real", help="With --synthetic PAIR-or-GGUF: also time the real target file in the same run, alternating with its twin."
     ),
+    rounds: int = typer.Option(
+        1, "--rounds", min=1, help="Run the sweep this many times (pairs and configurations in turn) and keep each "
+        "configuration's fastest round: other processes only ever add time. Every round's tok/s is in the JSON.",
+    ),
     backends: str = typer.Option(
         None, "--backends", help="Compare backend pairs in one run, TARGET/DRAFTER comma-separated, e.g. llama/llama,onnx/onnx: "
         "their latency curves are measured first, then every configuration runs on each pair; speedups are over the first "
@@ -241,21 +245,24 @@ def bench(
     pairs = parse_backends(backends) if backends else [None]
     texts = sets[prompt_set][: limit or None]
     names = [llamacpp_name(n) for n in parse_list(baselines)] if baselines else []
-    results, report, curves, reference = [], None, None, None
-    for i, pair in enumerate(pairs):
-        pipe = load_pipeline(load if pair is None else replace(load, target_backend=pair[0], drafter_backend=pair[1]))
-        if len(pairs) > 1 and curves is None:
-            curves = measure_curves(pipe, as_json)  # the backends' latency curves, in this run
-        prefix = f"{pipe.target_backend}/{pipe.info.get('drafter_backend') or '-'}: " if len(pairs) > 1 else ""
-        ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
-        for result, outputs in bench_specs(pipe, ids, specs, max_tokens, sampling, as_json, prefix, reference):
-            reference = outputs if reference is None and result.budget == 0 and result.builder == "none" else reference
-            results.append(result)
-            report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set, pairs, curves)  # after each: a long sweep keeps what it measured
-        if names and i == len(pairs) - 1:  # after everything else, under the same limit
-            results += run_baselines(names, pipe, ids, max_tokens, reference, as_json)
-            report = save_report(out, pipe, results, max_tokens, len(ids), prompt_set, pairs, curves)
-        pipe.close()
+    best, report, curves, reference = {}, None, None, None  # best: config -> its fastest round
+    for round_no in range(rounds):
+        for i, pair in enumerate(pairs):
+            pipe = load_pipeline(load if pair is None else replace(load, target_backend=pair[0], drafter_backend=pair[1]))
+            if len(pairs) > 1 and curves is None:
+                curves = measure_curves(pipe, as_json)  # the backends' latency curves, in this run
+            prefix = f"{pipe.target_backend}/{pipe.info.get('drafter_backend') or '-'}: " if len(pairs) > 1 else ""
+            ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
+            for result, outputs in bench_specs(pipe, ids, specs, max_tokens, sampling, as_json, prefix, reference):
+                reference = outputs if reference is None and result.budget == 0 and result.builder == "none" else reference
+                keep_fastest(best, result)
+                report = save_report(out, pipe, list(best.values()), max_tokens, len(ids), prompt_set, pairs, curves)  # a long sweep keeps what it measured
+            if names and i == len(pairs) - 1 and round_no == rounds - 1:  # after everything else, under the same limit
+                for row in run_baselines(names, pipe, ids, max_tokens, reference, as_json):
+                    keep_fastest(best, row)
+                report = save_report(out, pipe, list(best.values()), max_tokens, len(ids), prompt_set, pairs, curves)
+            pipe.close()
+    results = list(best.values())
     verdict = report["sweep"]
     if as_json:
         print(json.dumps(report, indent=2))

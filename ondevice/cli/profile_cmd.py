@@ -5,7 +5,7 @@ with every backend: llama.cpp and ONNX Runtime, in the same run); later runs sho
 until the hardware or the model files change, or `--refresh` is given. The plan shown is the one
 `ondevice chat` starts with: the same AutoPlanner, with the acceptance and prompt-lookup estimates
 learned so far, its fallbacks, and no overhead measured yet; the backends table says which pair
-of backends `--target-backend auto --drafter-backend auto` picks from these curves.
+of backends `--target-backend auto --drafter-backend auto` picks from these curves (plan/backends.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
 from ondevice.pipeline import LoadOptions, load_backends
 from ondevice.plan.auto import AutoPlanner
-from ondevice.plan.backends import BackendOption, backend_options
+from ondevice.plan.backends import BackendOption, backend_options, best_backends
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.profile import Profile, ProfileBackends, profile_path
 
@@ -71,7 +71,7 @@ def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool
         out.print(memory_line(memory, prof))
     out.print(curves_table(prof))
     if len(options) > 1:
-        out.print(backends_table(options, backends))
+        out.print(backends_table(options, best_backends(prof, p_rank), backends))
     for what, why in prof.skipped.items():
         out.print(f"[yellow]{what} not measured:[/] {why}")
     out.print(plan_line(plan))
@@ -133,15 +133,16 @@ def curves_table(prof: Profile) -> Table:
     return table
 
 
-def backends_table(options: list[BackendOption], backends: ProfileBackends) -> Table:
-    """Each measured pair of backends with its best plan; auto takes the first row."""
-    table = Table(title="backends (auto takes the first row)", title_justify="left")
+def backends_table(options: list[BackendOption], chosen: BackendOption | None, backends: ProfileBackends) -> Table:
+    """Each measured pair of backends with its best plan, fastest first, and the one auto takes
+    (the fastest, unless llama.cpp's pair is within plan/backends.py's margin of it)."""
+    table = Table(title="backends: --target-backend auto --drafter-backend auto", title_justify="left")
     for name in ("target", "drafter", "plan", "tok/s predicted", ""):
         table.add_column(name, justify="right" if name == "tok/s predicted" else "left")
     for o in options:
         what = "target alone" if o.plan.budget == 0 else f"{o.plan.builder} @{o.plan.budget}"
-        loaded = "(profiled as loaded)" if (o.target, o.drafter) == (backends.target_name, backends.drafter_name) else ""
-        table.add_row(o.target, o.drafter, what, f"{o.tokens_per_second:.1f}", loaded)
+        notes = ["← auto" if o == chosen else "", "(loaded for this profile)" if (o.target, o.drafter) == (backends.target_name, backends.drafter_name) else ""]
+        table.add_row(o.target, o.drafter, what, f"{o.tokens_per_second:.1f}", " ".join(n for n in notes if n))
     return table
 
 

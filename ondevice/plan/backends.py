@@ -3,8 +3,10 @@ chosen as the tree is, by predicted speed on this machine's measured curves.
 
 For every pair of backends the profile has measured (a target pass curve × a drafter call curve),
 the cost model's best plan — a draft tree, or the target alone where drafting does not pay —
-predicts tokens per second; the fastest pair wins. Only measured backends compete: nothing is
-chosen on faith, so where ONNX Runtime measured slower than llama.cpp it is not picked there.
+predicts tokens per second; the fastest pair wins if it beats the default pair (llama.cpp for
+both on a CPU) by MARGIN, the noise of a profile on a shared machine (a target's one-token pass
+measured 31–38 ms in runs an hour apart here). Only measured backends compete: nothing is chosen
+on faith, so where ONNX Runtime measured slower than llama.cpp it is not picked there.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import numpy as np
 
 from ondevice.plan.cost_model import Plan, choose_plan
 from ondevice.plan.profile import Profile
+
+DEFAULT = ("llama", "llama")  # the pair a CPU runs unless another measured clearly faster
+MARGIN = 1.1
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,10 @@ def backend_options(profile: Profile, p_rank, target: str | None = None, drafter
 
 
 def best_backends(profile: Profile | None, p_rank, target: str | None = None, drafter: str | None = None) -> BackendOption | None:
-    """The fastest measured pair (None: the profile has none to offer)."""
+    """The fastest measured pair, unless the default pair is within MARGIN of it (None: the profile
+    has none to offer)."""
     options = backend_options(profile, p_rank, target, drafter) if profile is not None else []
+    default = next((o for o in options if (o.target, o.drafter) == (target or DEFAULT[0], drafter or DEFAULT[1])), None)
+    if options and default is not None and options[0].tokens_per_second < MARGIN * default.tokens_per_second:
+        return default
     return options[0] if options else None
