@@ -340,10 +340,16 @@ def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend
     if models.drafter is not None and drafter_backend == "llama":
         head = TrimmedHead.find(models.drafter) if opts.vocab_trim else None
         drafter = ModelSize.from_gguf(head.gguf_path if head else models.drafter)
+    return plan_for(ModelSize.from_gguf(models.target), drafter, opts)
+
+
+def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions) -> MemoryPlan:
+    """The memory plan for a llama.cpp target and drafter of these sizes, within --ram-memory or the
+    RAM this process may use (also for models that exist only as sizes: synthetic, not downloaded)."""
     budget = ram_budget()
     if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
         budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
-    return plan_memory(ModelSize.from_gguf(models.target), drafter, n_ctx=opts.n_ctx, budget=budget, ahead=WINDOW_AHEAD)
+    return plan_memory(target, drafter, n_ctx=opts.n_ctx, budget=budget, ahead=WINDOW_AHEAD)
 
 
 def _with_lookup(drafter, n_vocab: int, draft: bool = True):
@@ -363,16 +369,17 @@ def backend_label(backend: str, threads: int) -> str:
     return f"{backend}-{'cuda' if on_gpu else 'cpu'}-t{threads}"
 
 
-def load_model_file(path, role: str, opts: LoadOptions):
+def load_model_file(path, role: str, opts: LoadOptions, memory: MemoryPlan | None = None):
     """(backend label, model) for one GGUF alone, no pair: the target (chosen and placed as a pair's
-    would be) or the drafter (`role` "drafter": --drafter-backend, llama.cpp for auto; full vocabulary)."""
+    would be; a llama.cpp one as `memory` plans, see `plan_for`) or the drafter (`role` "drafter":
+    --drafter-backend, llama.cpp for auto; full vocabulary)."""
     opts.checked()
     threads = opts.threads or default_threads()
     if role == "drafter":
         backend = "llama" if opts.drafter_backend == "auto" else opts.drafter_backend
         return backend_label(backend, threads), _load_drafter(backend, path, opts, threads, vocab_trim=False)
     backend = pick_backend(opts.target_backend)
-    return backend_label(backend, threads), _load_target(backend, path, opts, threads)
+    return backend_label(backend, threads), _load_target(backend, path, opts, threads, memory)
 
 
 def _profile_backends(models: Models, target: str, drafter: str, threads: int, opts: LoadOptions, make_target=None, make_decode_batch=None,

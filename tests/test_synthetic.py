@@ -191,14 +191,38 @@ def test_disk_tier_reports_the_bytes_read_from_disk_per_pass(tmp_path, monkeypat
     assert 4 * min(layer) <= m.traffic.bytes_per_pass <= 4 * max(layer) and m.budgets == "gpu 18MB, ram 1500KB"
 
 
-def test_a_model_bigger_than_the_ram_is_refused_before_it_is_written(tmp_path, monkeypatch):
+def test_what_would_not_fit_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    from ondevice import pipeline
+    from ondevice.plan.ram import RamBudget
     from ondevice.synthetic import measure as measure_module
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     monkeypatch.setattr(measure_module.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 3 << 30, "total": 24 << 30})())
-    with pytest.raises(OndeviceError, match="qwen2.5-7b needs 4.7 GB of RAM") as info:
+    with pytest.raises(OndeviceError, match="qwen2.5-7b needs 30 GB of RAM as the torch target runs it") as info:
+        measure(from_preset(PRESETS["qwen2.5-7b"]), LoadOptions(target_backend="torch"), show=False)  # fp32 on a CPU
+    assert "--ram-memory" in str(info.value)
+    monkeypatch.setattr(pipeline, "ram_budget", lambda: RamBudget(300 << 20, "test"))  # not even room to stream
+    with pytest.raises(OndeviceError, match="qwen2.5-7b would page heavily here"):
         measure(from_preset(PRESETS["qwen2.5-7b"]), LoadOptions(target_backend="llama"), show=False)
-    assert "--ram-memory" in str(info.value) and not models_dir().exists()
+    assert not models_dir().exists()
+
+
+def test_a_llama_target_that_does_not_fit_streams_as_the_memory_plan_says(tmp_path, monkeypatch):
+    """Under a --ram-memory budget below what the model needs in RAM, the memory plan streams the
+    target from disk: the bench measures it so and reports the plan's bytes read per pass."""
+    from ondevice.plan.memory import MARGIN
+    from ondevice.synthetic.measure import memory_plan
+
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    model = from_preset(ModelShape("mid8", "qwen2", 8, 1024, 4096, 8, 2, 128, 512))  # 74 MB: weights outweigh buffers
+    in_ram = memory_plan(model, LoadOptions(target_backend="llama", n_ctx=256))
+    budget = in_ram.resident_bytes + in_ram.target.working_bytes // 2 + MARGIN  # room for half the weights: they stream
+    opts = LoadOptions(target_backend="llama", n_ctx=256, ram_memory=str(budget))
+    plan = memory_plan(model, opts)
+    assert plan.streams and plan.cache_room >= plan.target.streamed_window
+    m = measure(model, opts, ns=(1, 4), show=False)
+    assert m.traffic.source == "disk" and m.traffic.bytes_per_pass == plan.bytes_read_per_pass > 0
+    assert m.placement.startswith("target streams from disk")
 
 
 def test_cli_synthetic_twin_of_a_file_as_json(tmp_path):

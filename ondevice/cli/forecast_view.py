@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ondevice.catalog.pairs import ModelPair
+from ondevice.cli.models_cmd import target_place
 from ondevice.plan.acceptance import MEASURED_PRIOR
+from ondevice.plan.ram import ram_budget
 from ondevice.plan.forecast import Forecast, forecast, plan_config
 
 
@@ -19,16 +21,18 @@ def show_forecasts(
 ) -> list[Forecast]:
     out = out or Console(highlight=False)
     forecasts = [forecast(pair, threads, target_backend) for pair in pairs]
+    budget = ram_budget()
+    lives = {pair.name: target_place(pair, budget) for pair in pairs}  # the memory plan the loader uses
     if as_json:
-        out.file.write(json.dumps([forecast_record(f) for f in forecasts]) + "\n")
+        out.file.write(json.dumps([{**forecast_record(f), "target_lives": lives[f.pair]} for f in forecasts]) + "\n")
         return forecasts
-    out.print(forecast_table(forecasts))
+    out.print(forecast_table(forecasts, lives))
     for line in footnotes(forecasts):
         out.print(line)
     return forecasts
 
 
-def forecast_table(forecasts: list[Forecast]) -> Table:
+def forecast_table(forecasts: list[Forecast], lives: dict[str, str]) -> Table:
     backend = forecasts[0].backend if forecasts else ""
     table = Table(title=f"predicted tok/s on this machine ({backend}) · measured by `ondevice bench`", box=box.SIMPLE)
     table.add_column("pair", no_wrap=True)
@@ -39,9 +43,9 @@ def forecast_table(forecasts: list[Forecast]) -> Table:
     for f in forecasts:
         acceptance = f"{f.top1:.2f} {f.acceptance}"
         if f.target is None or f.drafter is None:
-            table.add_row(f.pair, "?", "not measured", "", acceptance)
+            table.add_row(f.pair, lives[f.pair], "not measured", "", acceptance)
             continue
-        table.add_row(f.pair, f.target.placement.split(";")[0], _pair_of(f.alone, f.measured_tps("target only")), _speculation(f), acceptance)
+        table.add_row(f.pair, lives[f.pair], _pair_of(f.alone, f.measured_tps("target only")), _speculation(f), acceptance)
     return table
 
 
@@ -85,7 +89,7 @@ def forecast_record(f: Forecast) -> dict:
     spec, planner = f.speculative, f.planner
     return {
         "pair": f.pair, "target_shape": f.target_shape, "backend": f.backend, "acceptance": f.acceptance,
-        "target_lives": f.target.placement if f.target else None, "to_measure": f.to_measure,
+        "measured_placement": f.target.placement if f.target else None, "to_measure": f.to_measure,
         "predicted_alone_tokens_per_second": f.alone,
         "predicted_speculative": None if spec is None else {"config": plan_config(spec), "depth": spec.depth,
                                                             "tokens_per_pass": spec.predicted_tokens_per_pass,

@@ -22,6 +22,7 @@ from ondevice.errors import OndeviceError
 from ondevice.gguf_split import SPLIT_NAME, model_bytes
 from ondevice.plan.memory import ModelSize, plan_memory
 from ondevice.plan.ram import RamBudget, ram_budget
+from ondevice.target.page_cache import WINDOW_AHEAD
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.shapes import find_shape
 
@@ -107,10 +108,10 @@ def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 
         return "? (unreadable GGUF header)"
     if target is None:
         return "?"
-    plan = plan_memory(target, drafter, n_ctx=n_ctx, budget=budget)
+    plan = plan_memory(target, drafter, n_ctx=n_ctx, budget=budget, ahead=WINDOW_AHEAD)  # as the loader plans it
     if plan.target_in_ram:
         return "fits in RAM"
-    over = " (over budget: heavy paging)" if plan.notes else ""
+    over = " (over budget: heavy paging)" if plan.cache_room < plan.target.streamed_window else ""
     return f"streams from disk, {format_bytes(plan.bytes_read_per_pass)} per pass{over}"
 
 

@@ -26,8 +26,9 @@ def run_synthetic(name: str, sizes: list[int] | None, keep: bool, compare_real: 
     if compare_real and not any(m.real_file for m in models if m.role == "target"):
         raise OndeviceError(f"--compare-real needs the real file: {name!r} is not downloaded here (or is a preset, not a pair or a file).")
     records = []
+    drafter = next((m for m in models if m.role == "drafter"), None)
     for model in models:
-        m = measure(model, load, sizes if model.role == "target" else None, keep=keep, show=not as_json)
+        m = measure(model, load, sizes if model.role == "target" else None, keep=keep, show=not as_json, drafter=drafter)
         record = m.to_dict()
         if compare_real and model.role == "target":
             record["compare_real"] = _compare(model, load, m.curve.ns, as_json)

@@ -25,6 +25,7 @@ from ondevice.paths import home
 from ondevice.pipeline import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.sizes import format_bytes
+from ondevice.plan.memory import MemoryPlan, ModelSize
 from ondevice.plan.hardware import (
     Bandwidths, LatencyCurve, machine_facts, measure_disk_read, measure_drafter_curve, measure_pinned_bandwidth,
     measure_ram_bandwidth, measure_target_curve, powers_of_two,
@@ -61,30 +62,57 @@ def synthetic_file(model: SyntheticModel, seed: int, keep: bool, show: bool) -> 
             path.unlink(missing_ok=True)
 
 
-def default_sizes(role: str, backend: str) -> tuple[tuple[int, ...], str]:
+def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> tuple[tuple[int, ...], str]:
     """(sizes to time, why they stop there)."""
     if role == "drafter":
         return DRAFT_BATCHES, "draft call vs batch, up to 128 (as `ondevice profile`)"
     if "cuda" in backend:
         return powers_of_two(GPU_MAX_TREE), ""
+    if memory is not None and memory.sizes.max_tree < CPU_MAX_TREE:
+        return powers_of_two(memory.sizes.max_tree), f"capped at {memory.sizes.max_tree} tokens: the largest tree the memory plan allows here"
     return powers_of_two(CPU_MAX_TREE), (
         f"capped at {CPU_MAX_TREE} tokens on a CPU target: a pass costs about n one-token steps here, "
         "so bigger trees never pay (--budgets to measure others)"
     )
 
 
+def model_size(model: SyntheticModel) -> ModelSize:
+    """What the memory plan needs of a synthetic model, from its tensor list (as `from_gguf` reads a file)."""
+    tensors = {t.name: t for t in model.tensors}
+    layers: dict[int, int] = {}
+    for t in model.tensors:
+        if t.name.startswith("blk."):
+            layers[int(t.name.split(".")[1])] = layers.get(int(t.name.split(".")[1]), 0) + t.nbytes
+    s = model.shape
+    return ModelSize(
+        file_bytes(list(model.tensors)), s.n_layers, s.dim, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab,
+        layer_bytes=tuple(layers[i] for i in sorted(layers)), head_bytes=(tensors.get("output.weight") or tensors["token_embd.weight"]).nbytes,
+        embd_bytes=tensors["token_embd.weight"].nbytes if "output.weight" in tensors else 0,
+    )
+
+
+def memory_plan(model: SyntheticModel, opts: LoadOptions, drafter: SyntheticModel | None = None) -> MemoryPlan | None:
+    """The pipeline's memory plan for a llama.cpp target of this shape beside its drafter (None: not a llama.cpp target)."""
+    if model.role != "target" or pipeline.pick_backend(opts.target_backend) != "llama":
+        return None
+    return pipeline.plan_for(model_size(model), model_size(drafter) if drafter else None, opts)
+
+
 def measure(
-    model: SyntheticModel, opts: LoadOptions, ns: Sequence[int] | None = None, seed: int = 0, keep: bool = False, show: bool = True
+    model: SyntheticModel, opts: LoadOptions, ns: Sequence[int] | None = None, seed: int = 0, keep: bool = False, show: bool = True,
+    drafter: SyntheticModel | None = None,
 ) -> SyntheticMeasurement:
-    """Write (or reuse) the synthetic GGUF, measure its curve on this machine, cache and return it."""
+    """Write (or reuse) the synthetic GGUF, measure its curve on this machine, cache and return it.
+    `drafter`: the pair's drafter, whose memory the plan of a llama.cpp target leaves room for."""
     facts = machine_facts(home())
-    check_fits_in_ram(model, opts)  # before gigabytes are written
+    memory = memory_plan(model, opts, drafter)
+    check_fits(model, opts, memory)  # before gigabytes are written
     with synthetic_file(model, seed, keep, show) as path:
         bandwidths = Bandwidths(measure_ram_bandwidth(), disk_read=measure_disk_read(path))  # disk first: before a backend maps it
         if facts.gpus:
             bandwidths.host_to_device, bandwidths.device_to_host = measure_pinned_bandwidth()
-        backend, runner = pipeline.load_model_file(path, model.role, opts)
-        sizes, note = default_sizes(model.role, backend)
+        backend, runner = pipeline.load_model_file(path, model.role, opts, memory)
+        sizes, note = default_sizes(model.role, backend, memory)
         if ns:
             sizes, note = tuple(sorted(set(ns))), ""
         try:
@@ -93,7 +121,7 @@ def measure(
                 placement, traffic = "on CPU (llama.cpp drafter)", _resident_traffic(model, bandwidths, "RAM")
             else:
                 curve = measure_target_curve(runner, sizes, show=show)
-                placement, traffic = where_it_ran(runner, model, bandwidths)
+                placement, traffic = where_it_ran(runner, model, bandwidths, memory)
         finally:
             runner.close()
             del runner
@@ -105,35 +133,42 @@ def measure(
     return result
 
 
-def check_fits_in_ram(model: SyntheticModel, opts: LoadOptions) -> None:
-    """Refuse, in one line and before anything is written, a model this process would hold in RAM
-    but that does not fit: llama.cpp copies the weights it repacks into its own memory, and the torch
-    target on a CPU without a budget dequantizes all of them (fp32); either would push every other
-    process out, or be killed. A placement under --gpu-memory / --ram-memory plans for itself."""
+def check_fits(model: SyntheticModel, opts: LoadOptions, memory: MemoryPlan | None) -> None:
+    """Refuse, in one line and before anything is written, what would push every other process out
+    of memory (or be killed): a llama.cpp target whose memory plan has no room even to stream, a
+    drafter bigger than the RAM, or the torch target on a CPU without a budget (it dequantizes every
+    weight to fp32). A placement under --gpu-memory / --ram-memory plans for itself."""
     import torch
 
-    backend = "llama" if model.role == "drafter" else pipeline.pick_backend(opts.target_backend)
+    room = psutil.virtual_memory().available - RAM_MARGIN
     on_cpu = not torch.cuda.is_available() and (opts.device or "cpu").startswith("cpu")
-    if backend == "llama":
-        size = file_bytes(list(model.tensors))
-    elif on_cpu and not (opts.gpu_memory or opts.ram_memory):
-        size = 4 * model.shape.parameters()
+    if memory is not None:
+        if memory.streams and memory.cache_room < memory.target.streamed_window:
+            raise OndeviceError(f"the synthetic {model.shape.name} would page heavily here ({memory.describe()}); measure it on a machine with more memory.")
+        return
+    if model.role == "drafter":
+        backend, size = "llama.cpp", file_bytes(list(model.tensors))
+    elif pipeline.pick_backend(opts.target_backend) == "torch" and on_cpu and not (opts.gpu_memory or opts.ram_memory):
+        backend, size = "the torch target", 4 * model.shape.parameters()
     else:
         return
-    room = psutil.virtual_memory().available - RAM_MARGIN
     if size > room:
         raise OndeviceError(
             f"the synthetic {model.shape.name} needs {format_bytes(size)} of RAM as {backend} runs it here, more than is available "
-            f"({format_bytes(max(room, 0))} after a {format_bytes(RAM_MARGIN)} margin); measure it with --target-backend torch "
-            "and a --ram-memory budget (layers stream from disk), or on a machine with more memory."
+            f"({format_bytes(max(room, 0))} after a {format_bytes(RAM_MARGIN)} margin); measure it with --target-backend llama "
+            "(the memory plan streams it from disk), or with a --ram-memory budget for the torch target."
         )
 
 
-def where_it_ran(target, model: SyntheticModel, bw: Bandwidths) -> tuple[str, Traffic]:
+def where_it_ran(target, model: SyntheticModel, bw: Bandwidths, memory: MemoryPlan | None = None) -> tuple[str, Traffic]:
     """(placement in words, the bytes a pass reads from its slowest tier and that tier's bandwidth)."""
+    if memory is not None:  # llama.cpp: in RAM, or streamed from disk through the page cache
+        if memory.streams:
+            return memory.describe(), Traffic(memory.bytes_read_per_pass, "disk", "disk read", bw.disk_read)
+        return memory.describe(), _resident_traffic(model, bw, "RAM")
     placement = getattr(target, "placement", None)
-    if not hasattr(target, "placement_summary"):  # llama.cpp: every weight read from RAM on each pass
-        return "all layers on CPU (llama.cpp)", _resident_traffic(model, bw, "RAM")
+    if not hasattr(target, "placement_summary"):  # a target that plans nothing: every weight read from RAM each pass
+        return "all layers on CPU", _resident_traffic(model, bw, "RAM")
     summary = target.placement_summary()
     stats = target.streamer.collect_stats() if getattr(target, "streamer", None) is not None else None
     copy = stats.bandwidth / 1e9 if stats and stats.bandwidth else None
@@ -163,8 +198,9 @@ def compare_with_real(
     if model.real_file is None:
         raise ValueError("no real file to compare with")
     with synthetic_file(model, seed, keep=False, show=show) as path:
-        _, real = pipeline.load_model_file(model.real_file, "target", opts)
-        _, twin = pipeline.load_model_file(path, "target", opts)
+        plan = memory_plan(model, opts)  # the same plan for both: the twin has the real file's tensors
+        _, real = pipeline.load_model_file(model.real_file, "target", opts, plan)
+        _, twin = pipeline.load_model_file(path, "target", opts, plan)
         try:
             curves: dict[str, list[LatencyCurve]] = {"real": [], "twin": []}
             for _ in range(rounds):
