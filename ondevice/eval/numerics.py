@@ -55,31 +55,132 @@ def logits_as_chain(target: Target, tokens: Sequence[int]) -> np.ndarray:
     return logits
 
 
-def measure_batch_noise(target: Target, tokens: Sequence[int]) -> dict:
-    """Compare `tokens` fed one at a time with the same tokens as one chain tree.
+def noise_stats(single: np.ndarray, batched: np.ndarray) -> dict:
+    """How far `batched` logits are from `single` ones, both (n, vocab), same tokens and context.
 
-    The cache must hold the context before tokens[0] (tokens[0] is the next, unseen token); it is
-    left as it was. The margin change is measured on the one-by-one run's top-2 tokens (a, b):
-    Δgap = (chain[a] - chain[b]) - (single[a] - single[b]); an argmax flips only where
+    The margin change is measured on the single run's top-2 tokens (a, b):
+    Δgap = (batched[a] - batched[b]) - (single[a] - single[b]); an argmax flips only where
     |Δgap| exceeds the margin.
     """
-    start = target.n_cached
-    single = logits_one_by_one(target, tokens).astype(np.float64)
-    target.truncate(start)
-    chain = logits_as_chain(target, tokens).astype(np.float64)
-    target.truncate(start)
-
-    rows = np.arange(len(tokens))
+    single, batched = single.astype(np.float64), batched.astype(np.float64)
+    rows = np.arange(len(single))
     top2 = np.argsort(single, axis=1)[:, -2:]  # (n, 2): [second, first]
     a, b = top2[:, 1], top2[:, 0]
     gap_single = single[rows, a] - single[rows, b]
-    gap_chain = chain[rows, a] - chain[rows, b]
-    gap_delta = np.abs(gap_chain - gap_single)
+    gap_delta = np.abs((batched[rows, a] - batched[rows, b]) - gap_single)
     return {
-        "n_tokens": len(tokens),
+        "n_tokens": len(single),
         "max_gap_delta": float(gap_delta.max()),
         "p95_gap_delta": float(np.percentile(gap_delta, 95)),
-        "max_logit_delta": float(np.abs(chain - single).max()),
-        "argmax_flips": int(np.sum(chain.argmax(1) != single.argmax(1))),
+        "max_logit_delta": float(np.abs(batched - single).max()),
+        "argmax_flips": int(np.sum(batched.argmax(1) != single.argmax(1))),
         "min_margin": float(gap_single.min()),
     }
+
+
+def measure_batch_noise(target: Target, tokens: Sequence[int]) -> dict:
+    """Compare `tokens` fed one at a time with the same tokens as one chain tree (`noise_stats`).
+
+    The cache must hold the context before tokens[0] (tokens[0] is the next, unseen token); it is
+    left as it was.
+    """
+    start = target.n_cached
+    single = logits_one_by_one(target, tokens)
+    target.truncate(start)
+    chain = logits_as_chain(target, tokens)
+    target.truncate(start)
+    return noise_stats(single, chain)
+
+
+def batch_noise_by_size(target: Target, tokens: Sequence[int], sizes: Sequence[int]) -> dict[int, dict]:
+    """For each pass size n: `tokens` fed as consecutive chains of n (the last one shorter) against
+    the same tokens one at a time. Same cache contract as `measure_batch_noise`; n = 1 measures
+    run-to-run determinism (max_logit_delta 0 unless the backend is not deterministic)."""
+    start = target.n_cached
+    single = logits_one_by_one(target, tokens)
+    result = {}
+    for n in sizes:
+        target.truncate(start)
+        chains = [logits_as_chain(target, tokens[i : i + n]) for i in range(0, len(tokens), n)]
+        result[n] = noise_stats(single, np.concatenate(chains))
+    target.truncate(start)
+    return result
+
+
+def pass_noise(target: Target, prompt: Sequence[int], continuation: Sequence[int], sizes: Sequence[int]) -> float:
+    """The batch noise that threatens passes of `sizes` tokens, measured on this machine: the largest
+    top-2 gap change (max_gap_delta) when prompt[-1] + continuation is fed as chains of each size
+    instead of one at a time, after prompt[:-1]. The cache is left holding prompt[:-1]."""
+    target.truncate(0)
+    target.prefill(prompt[:-1])
+    by_size = batch_noise_by_size(target, [prompt[-1]] + list(continuation), sizes)
+    return max(stats["max_gap_delta"] for stats in by_size.values())
+
+
+def greedy_misses(target: Target, prompt: Sequence[int], out: Sequence[int], noise: float) -> tuple[list[int], list[int]]:
+    """Check a greedy answer token by token against the target alone: (near_ties, misses).
+
+    Teacher-forced: the target, one token per pass, reads prompt + out[:j] and its argmax is compared
+    with out[j]. Where they differ, the position is a near-tie if the target's top-2 margin there is
+    below `noise` (the measured batch noise: batched verification may flip such an argmax), else a
+    miss, which no numerics explain. The cache is left holding prompt + out[:-1].
+    """
+    target.truncate(0)
+    target.prefill(prompt[:-1])
+    logits = logits_one_by_one(target, [prompt[-1]] + list(out[:-1]))
+    wrong = [j for j in range(len(out)) if int(logits[j].argmax()) != out[j]]
+    near_ties = [j for j in wrong if top2_margin(logits[j]) < noise]
+    return near_ties, [j for j in wrong if j not in near_ties]
+
+
+# --- this machine's table: `python -m ondevice.eval.numerics [--torch]` ------------------------
+
+
+def noise_by_size(target: Target, prompts: Sequence[Sequence[int]], sizes: Sequence[int], n_tokens: int = 64) -> dict[int, dict]:
+    """`batch_noise_by_size` on the target's own greedy continuation of each prompt (n_tokens fed,
+    the first one the prompt's last); per size, the worst over the prompts."""
+    worst: dict[int, dict] = {}
+    for prompt in prompts:
+        tokens = [prompt[-1]] + greedy_reference(target, prompt, n_tokens - 1)
+        target.truncate(len(prompt) - 1)
+        for n, stats in batch_noise_by_size(target, tokens, sizes).items():
+            old = worst.setdefault(n, stats)
+            for key in ("max_gap_delta", "max_logit_delta", "argmax_flips"):
+                old[key] = max(old[key], stats[key])
+    return worst
+
+
+def main() -> None:
+    import argparse
+
+    from ondevice.catalog.hub import ensure_pair
+    from ondevice.catalog.pairs import load_pair
+    from ondevice.eval.prompts import CHAT_EVAL, CODE_EVAL
+    from ondevice.plan.hardware import machine_facts
+    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.tokenizer import Tokenizer
+
+    parser = argparse.ArgumentParser(description="This machine's batch noise: logits of passes of n tokens vs one token at a time.")
+    parser.add_argument("--sizes", default="2,8,64", help="pass sizes, comma-separated (at most 64)")
+    parser.add_argument("--torch", action="store_true", help="also the 1.5B in our PyTorch target, fp32 (~1 min to load)")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    pair, facts = ensure_pair(load_pair(None)), machine_facts()
+    tokenizer = Tokenizer(pair.target)
+    prompts = [tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": p}])) for p in (CODE_EVAL[0], CHAT_EVAL[0])]
+    print(f"{facts.cpu_model}, {facts.usable_cores} cores, {' '.join(facts.simd)}; 2 threads, 2 prompts x 64 greedy tokens")
+    print("| model | " + " | ".join(f"n={n}: max |Δlogit| / max Δgap / flips" for n in sizes) + " |")
+    runs = [("llama.cpp 1.5B", lambda: LlamaTarget(pair.target, n_ctx=512, threads=2)),
+            ("llama.cpp 0.5B", lambda: LlamaTarget(pair.drafter, n_ctx=512, threads=2))]  # fmt: skip
+    if args.torch:
+        from ondevice.target.torch_target import TorchTarget
+
+        runs.append(("torch fp32 1.5B", lambda: TorchTarget.from_gguf(pair.target, n_ctx=512, threads=2)))
+    for name, make in runs:
+        rows = noise_by_size(make(), prompts, sizes)
+        cells = [f"{r['max_logit_delta']:.3g} / {r['max_gap_delta']:.3g} / {r['argmax_flips']}" for r in (rows[n] for n in sizes)]
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
