@@ -68,13 +68,21 @@ def test_generate_json_speculative_equals_no_draft(real_pair):
     common = ["generate", "Write a Python function that returns the square of a number.", "--json", "-n", "32",
               "--target-backend", "llama", "--threads", "2"]
     plain = json.loads(ondevice(*common, "--no-draft").stdout)
-    spec = json.loads(ondevice(*common, "--tree", "chain", "--budget", "4").stdout)  # 5-node trees: llama.cpp is bit-exact below 8
+    spec = json.loads(ondevice(*common, "--tree", "chain", "--budget", "4").stdout)  # passes of 5 tokens
     for key in ("text", "prompt_token_ids", "token_ids", "target_passes", "tokens_per_pass", "tokens_per_second",
                 "draft_seconds", "verify_seconds", "tree", "budget", "target_backend", "placement", "bytes_streamed_per_pass"):
         assert key in spec
     assert plain["target_passes"] == len(plain["token_ids"])  # one token per pass alone
-    assert spec["token_ids"] == plain["token_ids"] and spec["text"] == plain["text"]
     assert spec["target_passes"] < plain["target_passes"] and spec["tree"] == "chain"
+    if spec["token_ids"] != plain["token_ids"]:  # allowed only at near-ties (batched passes: other kernels)
+        from ondevice.eval.numerics import greedy_misses, pass_noise
+        from ondevice.target.llama_target import LlamaTarget
+
+        target, prompt = LlamaTarget(real_pair.target, n_ctx=1024, threads=2), plain["prompt_token_ids"]
+        noise = pass_noise(target, prompt, plain["token_ids"], range(2, 6))  # this machine's, passes <= 5
+        assert not greedy_misses(target, prompt, spec["token_ids"], noise)[1], f"not near-ties (noise {noise:.3f})"
+    else:
+        assert spec["text"] == plain["text"]
 
 
 @pytest.mark.real

@@ -16,8 +16,6 @@ from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
 from tiny_models import write_tiny_gguf
 
-NEAR_TIE = 0.35  # DESIGN.md: batch size moves llama.cpp's top-2 logit gap by up to ~0.31
-
 
 # --- a synthetic LM: next-token logits depend on the last token only ---------------------------
 
@@ -320,11 +318,13 @@ def llama_cpp_greedy(path, prompt: list[int], n: int, logits_all: bool = False):
     import llama_cpp
     import llama_cpp.llama_cpp as low
 
+    from ondevice.llama_backend import cpu_has_amx
+
     default_params = low.llama_model_default_params
 
-    def guarded():
+    def guarded():  # the weight layout ondevice's loads use on this CPU: the same kernels
         params = default_params()
-        params.use_extra_bufts = False
+        params.use_extra_bufts = not cpu_has_amx()
         return params
 
     low.llama_model_default_params = guarded
@@ -347,12 +347,17 @@ def test_chain_equals_llama_cpp_greedy_generation(real_pair, real_drafter, promp
     tree = real_drafter.draft(prompt_ids, DraftSpec(builder="chain", budget=8))
     reference = llama_cpp_greedy(real_pair.drafter, prompt_ids, 8)
     ours = tree.tokens[1:].tolist()
-    if ours != reference:  # allowed only at a near-tie of llama.cpp's own logits
+    if ours != reference:  # the prompt is read in other batches: allowed only at a near-tie of llama.cpp's logits
+        from ondevice.eval.numerics import greedy_reference, pass_noise
+        from ondevice.target.llama_target import LlamaTarget
+
         i = next(i for i, (a, b) in enumerate(zip(ours, reference)) if a != b)
         llm = llama_cpp_greedy(real_pair.drafter, prompt_ids, 0, logits_all=True)
         llm.eval(prompt_ids + reference[:i])
         top2 = np.sort(llm.scores[llm.n_tokens - 1])[-2:]
-        assert top2[1] - top2[0] < NEAR_TIE, f"chain diverges from llama.cpp at step {i} without a near-tie"
+        target = LlamaTarget(real_pair.drafter, n_ctx=512, threads=2)
+        noise = pass_noise(target, prompt_ids, greedy_reference(target, prompt_ids, 48), range(2, len(prompt_ids) + 1))
+        assert top2[1] - top2[0] < noise, f"chain diverges from llama.cpp at step {i} without a near-tie ({noise:.3f})"
 
 
 @pytest.mark.real

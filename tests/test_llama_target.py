@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from ondevice.errors import OndeviceError
+from ondevice.eval.numerics import batch_noise_by_size
+from ondevice.target import llama_target
 from ondevice.target.llama_target import LlamaTarget, leaf_sequences
 from ondevice.tree import DraftTree
 from tiny_models import write_tiny_gguf
@@ -126,47 +128,83 @@ def test_wide_tree_up_to_the_leaf_limit(tiny_path):
 
 
 # --- the real models --------------------------------------------------------------------------
+#
+# A pass of n tokens runs the kernels llama.cpp picks for n (repacked weights, AVX-512, AMX), and
+# logits differ from one-token decoding on some machines and not on others (README, "Exactness":
+# bit-exact up to 7 tokens on an Intel Xeon with AMX, off by ~0.4 from 4 tokens on an AMD EPYC with
+# AVX-512). So the tolerance is measured here, on chains of the tree's size: where they are
+# bit-identical the tree must be too. A tree mask that hides one context token must exceed it.
 
 PROMPT = "def fibonacci(n):\n    "
+NOISE_FACTOR = 2.0  # a tree's paths against chains of its size: the same kernels, other tokens
 
 
 @pytest.fixture(scope="module")
-def drafter_as_target(real_pair):
-    """The 0.5B Q4_K_M file as a target: the same code path as the 1.5B, three times faster."""
-    return real_pair.drafter
-
-
-@pytest.mark.real
-def test_small_tree_is_bit_exact_with_sequential_decoding(drafter_as_target):
-    """Batches of <= 7 tokens take the same CPU kernels as single tokens: the mask must be exact."""
+def real_case(real_pair):
+    """The 0.5B Q4_K_M file as a target (the 1.5B's code path, three times faster), a reference
+    target for one-token decoding, and the prompt's tokens."""
     from ondevice.tokenizer import Tokenizer
 
-    prefix = Tokenizer(drafter_as_target).encode(PROMPT)
-    target, ref = LlamaTarget(drafter_as_target, n_ctx=256, threads=2), LlamaTarget(drafter_as_target, n_ctx=256, threads=2)
-    tree = DraftTree(np.array([prefix[-1], 421, 308, 470, 1000, 2000]), np.array(SHAPE), np.zeros(6))
+    path = real_pair.drafter
+    prefix = Tokenizer(path).encode(PROMPT)
+    return LlamaTarget(path, n_ctx=256, threads=2), LlamaTarget(path, n_ctx=256, threads=2), prefix
+
+
+def real_tree(n_nodes: int, root: int) -> DraftTree:
+    """SHAPE (6 nodes) or a random tree, with `root` as its root token."""
+    if n_nodes == 6:
+        return DraftTree(np.array([root, 421, 308, 470, 1000, 2000]), np.array(SHAPE), np.zeros(6))
+    tree = random_tree(n_nodes, 20000, seed=7)
+    tree.tokens[0] = root
+    return tree
+
+
+def chain_noise(target: LlamaTarget, prefix: list[int], n: int, n_tokens: int = 96) -> float:
+    """Max |Δlogit| of passes of n tokens against one token at a time, on this machine: `n_tokens`
+    random tokens fed as chains of n. Many chains, because the noise comes and goes with the tokens
+    (measured on an AVX-512 EPYC: half of the 6-token chains bit-exact, the others off by ~0.4)."""
+    target.truncate(0)
+    target.prefill(prefix[:-1])
+    tokens = [prefix[-1]] + np.random.default_rng(n).integers(0, 20000, n_tokens - 1).tolist()
+    return batch_noise_by_size(target, tokens, [n])[n]["max_logit_delta"]
+
+
+def tree_deviation(target: LlamaTarget, ref: LlamaTarget, prefix: list[int], tree: DraftTree) -> float:
+    """Max |Δlogit| of one tree pass along every root→leaf path against one-token decoding of the path."""
+    target.truncate(0)
     target.prefill(prefix[:-1])
     logits = target.forward_tree(tree)
+    deviation = 0.0
     for leaf in tree.leaves():
         path = tree.path_to(leaf)
         expected = sequential_logits(ref, prefix[:-1], [int(tree.tokens[n]) for n in path])
-        np.testing.assert_array_equal(logits[path], expected)
+        deviation = max(deviation, float(np.abs(logits[path] - expected).max()))
+    return deviation
 
 
-@pytest.mark.real
-def test_large_tree_matches_sequential_decoding_within_batch_noise(drafter_as_target):
-    """Batches of >= 8 tokens use other kernels: logits move by up to ~0.5 (measured), argmax only at near-ties."""
-    from ondevice.tokenizer import Tokenizer
+@pytest.mark.parametrize("n_nodes", [6, 24])
+def test_tree_equals_sequential_decoding_within_this_machines_noise(real_case, n_nodes, capsys):
+    target, ref, prefix = real_case
+    noise = chain_noise(target, prefix, n_nodes)
+    deviation = tree_deviation(target, ref, prefix, real_tree(n_nodes, prefix[-1]))
+    with capsys.disabled():
+        print(f"\n[llama tree of {n_nodes}] chain noise {noise:.4f}, tree deviation {deviation:.4f}")
+    assert deviation <= NOISE_FACTOR * noise  # bit-identical where chains of this size are
 
-    prefix = Tokenizer(drafter_as_target).encode(PROMPT)
-    target, ref = LlamaTarget(drafter_as_target, n_ctx=256, threads=2), LlamaTarget(drafter_as_target, n_ctx=256, threads=2)
-    tree = random_tree(24, 20000, seed=7)
-    tree.tokens[0] = prefix[-1]
-    target.prefill(prefix[:-1])
-    logits = target.forward_tree(tree)
-    for leaf in tree.leaves()[:2]:
-        path = tree.path_to(leaf)
-        expected = sequential_logits(ref, prefix[:-1], [int(tree.tokens[n]) for n in path])
-        assert np.abs(logits[path] - expected).max() < 1.0
-        for row, exp in zip(logits[path], expected):
-            top2 = np.sort(exp)[-2:]
-            assert row.argmax() == exp.argmax() or top2[1] - top2[0] < 0.35
+
+def test_a_tree_that_misses_a_committed_token_is_caught(real_case, monkeypatch):
+    """Mutant mask: the tree's sequences get the committed cells except one (position 2 of 4), so
+    every tree node misses one token of its context. The check above must fail it."""
+    target, ref, prefix = real_case
+    tree = real_tree(6, prefix[-1])
+    noise = chain_noise(target, prefix, len(tree))
+    copy_cells = target.ctx.seq_cp
+
+    def copy_all_but_position_2(src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        if (src, p0, p1) != (llama_target.MAIN_SEQ, -1, -1):
+            return copy_cells(src, dst, p0, p1)
+        copy_cells(src, dst, 0, 2)
+        copy_cells(src, dst, 3, -1)
+
+    monkeypatch.setattr(target.ctx, "seq_cp", copy_all_but_position_2)
+    assert tree_deviation(target, ref, prefix, tree) > NOISE_FACTOR * noise

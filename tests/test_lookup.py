@@ -14,7 +14,7 @@ from ondevice.draft.lookup import PromptLookupDrafter, find_matches
 from ondevice.draft.router import DraftRouter
 from ondevice.engine import SpecEngine, Step
 from ondevice.errors import OndeviceError
-from ondevice.eval.numerics import logits_one_by_one, measure_batch_noise, top2_margin
+from ondevice.eval.numerics import greedy_misses, pass_noise
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
@@ -232,34 +232,13 @@ def merge_counts(a, b):
 ```"""
 
 
-def noise_up_to_7(target, prompt: list[int], reference: list[int], chunks: int = 4) -> float:
-    """Batch noise of passes of up to 7 tokens: `chunks` chains of 7 along the reference vs one at a time."""
-    target.truncate(0)
-    target.prefill(prompt[:-1])
-    seq, noise = [prompt[-1]] + reference, 0.0
-    for c in range(chunks):
-        noise = max(noise, measure_batch_noise(target, seq[7 * c : 7 * c + 7])["max_gap_delta"])
-        target.prefill(seq[7 * c : 7 * c + 7])
-    return noise
-
-
-def teacher_forced_misses(target, prompt: list[int], out: list[int], noise: float) -> tuple[list[int], list[int]]:
-    """(near-ties, misses): positions where `out` is not the argmax of the target alone (one token per
-    pass) given prompt + out[:j]; a near-tie has a margin below the noise, a miss does not."""
-    target.truncate(0)
-    target.prefill(prompt[:-1])
-    logits = logits_one_by_one(target, [prompt[-1]] + out[:-1])
-    wrong = [j for j in range(len(out)) if int(logits[j].argmax()) != out[j]]
-    return [j for j in wrong if top2_margin(logits[j]) < noise], [j for j in wrong if top2_margin(logits[j]) >= noise]
-
-
 @pytest.mark.real
 @pytest.mark.parametrize("model", ["drafter", "target"])
 def test_lookup_equals_target_alone_on_a_code_rewrite_real(real_pair, model, capsys):
-    """Lookup @6 (passes of <= 7 tokens) on the llama.cpp backend. The 0.5B file as a target is
-    bit-exact at those sizes: token for token the same. The 1.5B is not (measured: a 2-token pass
-    already moves logits by ~0.4), so where it diverges, every token of the lookup answer must be
-    the target alone's argmax after its own prefix unless the margin there is below the noise."""
+    """Lookup @6 (passes of <= 7 tokens) on the llama.cpp backend, both files as the target. Batched
+    passes run other kernels than one-token passes (bit-exact on some CPUs, not on others), so where
+    the answers differ, every token of the lookup answer must be the target alone's argmax after its
+    own prefix unless the margin there is below this machine's batch noise for passes of 7 tokens."""
     from ondevice.target.llama_target import LlamaTarget
     from ondevice.tokenizer import Tokenizer
 
@@ -274,11 +253,10 @@ def test_lookup_equals_target_alone_on_a_code_rewrite_real(real_pair, model, cap
         print(f"\n[lookup real, {model} file as target] {stats.tokens} tokens, {stats.tokens_per_pass:.2f} tokens/pass, "
               f"{stats.tokens_per_second:.1f} tok/s vs {base.tokens_per_second:.1f} alone; identical: {out == alone}")
     assert stats.tokens_per_pass > 1.5  # the answer copies the function: lookup must find it
-    if model == "drafter" or out == alone:
-        assert out == alone, (tokenizer.decode(alone), tokenizer.decode(out))
+    if out == alone:
         return
-    noise = noise_up_to_7(target, prompt, alone)
-    near_ties, misses = teacher_forced_misses(target, prompt, out, noise)
+    noise = pass_noise(target, prompt, alone, range(2, 8))
+    near_ties, misses = greedy_misses(target, prompt, out, noise)
     with capsys.disabled():
-        print(f"[lookup real] batch noise (<= 7 tokens) {noise:.3f}; near-ties at {near_ties}")
-    assert near_ties and not misses, (misses, noise)
+        print(f"[lookup real] batch noise (passes of 7) {noise:.3f}; near-ties at {near_ties}")
+    assert not misses, (misses, noise)

@@ -246,8 +246,10 @@ def test_a_drafter_error_waits_for_the_target_pass(target, drafters):
 
 @pytest.mark.real
 def test_overlap_on_the_real_pair_equals_target_alone(real_pair):
-    """llama.cpp target + drafter, chain @4 (5-node passes are bit-exact in llama.cpp), 2 prompts × 32 tokens."""
+    """llama.cpp target + drafter, chain @4, 2 prompts × 32 tokens: the target alone's tokens, except
+    at near-ties (top-2 margin below this machine's batch noise for passes of 5 tokens)."""
     from ondevice.eval import prompts
+    from ondevice.eval.numerics import greedy_misses, pass_noise
     from ondevice.draft.llama_drafter import LlamaDrafter
     from ondevice.target.llama_target import LlamaTarget
     from ondevice.tokenizer import Tokenizer
@@ -262,6 +264,8 @@ def test_overlap_on_the_real_pair_equals_target_alone(real_pair):
         ids = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": text}]))
         reference, _ = decode(alone, ids, 32)
         out, stats = decode(duo, ids, 32, DraftSpec("chain", 4))
-        assert out == reference, f"diverged at token {next(i for i, (a, b) in enumerate(zip(out, reference)) if a != b)}"
+        if out != reference:
+            noise = pass_noise(target, ids, reference, range(2, 6))  # passes of <= 5 tokens
+            assert not greedy_misses(target, ids, out, noise)[1], f"diverged, not at near-ties (noise {noise:.3f})"
         hits += stats.overlap_hits
     assert hits > 0
