@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.eval.numerics import measure_batch_noise, top2_margin
+from ondevice.eval.numerics import (
+    batch_noise_by_size,
+    greedy_misses,
+    greedy_reference,
+    logits_one_by_one,
+    measure_batch_noise,
+    top2_margin,
+)
 from ondevice.target import torch_target, weights
 from ondevice.target.torch_model import ModelArgs
 from ondevice.target.torch_target import TorchTarget
@@ -252,6 +259,32 @@ def test_measure_batch_noise_fp32_is_tiny_and_keeps_the_cache(tiny):
     assert target.n_cached == 10
     assert noise["n_tokens"] == 20 and noise["argmax_flips"] == 0
     assert 0 <= noise["max_gap_delta"] < 1e-3 and noise["max_logit_delta"] < 1e-3
+
+
+def test_batch_noise_by_size_against_one_token_passes(tiny):
+    target = fp32_target(tiny["qwen2"][0])
+    target.prefill(random_tokens(10, 17))
+    by_size = batch_noise_by_size(target, random_tokens(20, 18), [1, 3, 20])
+    assert target.n_cached == 10
+    assert by_size[1]["max_logit_delta"] == 0  # the very same passes again: deterministic
+    assert all(by_size[n]["n_tokens"] == 20 and by_size[n]["max_logit_delta"] < 1e-3 for n in (3, 20))
+
+
+def test_greedy_misses_tells_near_ties_from_misses(tiny):
+    """The target's own greedy answer passes; a planted runner-up token is a miss above the noise and
+    a near-tie below it."""
+    target = fp32_target(tiny["qwen2"][0])
+    prompt = random_tokens(8, 19)
+    out = greedy_reference(target, prompt, 12)
+    assert greedy_misses(target, prompt, out, noise=0.0) == ([], [])
+    target.truncate(0)
+    target.prefill(prompt[:-1])
+    logits = logits_one_by_one(target, [prompt[-1]] + out[:-1])
+    j = int(np.argmax([top2_margin(row) for row in logits]))
+    margin = top2_margin(logits[j])
+    planted = out[:j] + [int(np.argsort(logits[j])[-2])] + out[j + 1 :]
+    assert greedy_misses(target, prompt, planted, noise=margin / 2)[1][0] == j
+    assert j in greedy_misses(target, prompt, planted, noise=margin * 2)[0]
 
 
 # --- the same code on a GPU -------------------------------------------------------------------------
