@@ -168,8 +168,9 @@ def main() -> None:
     pair, facts = ensure_pair(load_pair(None)), machine_facts()
     tokenizer = Tokenizer(pair.target)
     prompts = [tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": p}])) for p in (CODE_EVAL[0], CHAT_EVAL[0])]
-    print(f"{facts.cpu_model}, {facts.usable_cores} cores, {' '.join(facts.simd)}; 2 threads, 2 prompts x 64 greedy tokens")
-    print("| model | " + " | ".join(f"n={n}: max |Δlogit| / max Δgap / flips" for n in sizes) + " |")
+    print(f"{facts.cpu_model}, {facts.usable_cores} cores, {' '.join(facts.simd)}; 2 threads")
+    print("passes of n tokens vs one token at a time, 2 prompts x 64 greedy tokens; cells: max |Δlogit| / max Δgap / argmax flips")
+    print("| model | " + " | ".join(f"n = {n}" for n in sizes) + " |\n|---|" + "---|" * len(sizes))
     runs = [("llama.cpp 1.5B", lambda: LlamaTarget(pair.target, n_ctx=512, threads=2)),
             ("llama.cpp 0.5B", lambda: LlamaTarget(pair.drafter, n_ctx=512, threads=2))]  # fmt: skip
     if args.torch:
