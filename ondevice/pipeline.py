@@ -20,7 +20,7 @@ from ondevice.plan.auto import CPU_MAX_TREE, AutoPlanner
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
-from ondevice.plan.hardware import cuda_available, default_threads, usable_cores
+from ondevice.plan.hardware import cuda_available, default_threads, physical_cores
 from ondevice.plan.memory import MemoryPlan, ModelSize, plan_memory
 from ondevice.plan.ram import RamBudget, anon_rss, disk_read_bytes, peak_rss, ram_budget
 from ondevice.target.page_cache import WINDOW_AHEAD
@@ -392,7 +392,7 @@ def _profile_backends(models: Models, target: str, drafter: str, threads: int, o
 
     on_gpu = target == "torch" and cuda_available()
     streams = memory is not None and memory.streams
-    spare_cores = usable_cores() >= 2 * threads  # the drafter would not take the target's cores
+    spare_cores = physical_cores() >= 2 * threads  # the drafter would not take the target's cores
     files = [(models.target, models.target_sha256)] + ([(models.drafter, models.drafter_sha256)] if models.drafter else [])
     others_t = {name: (lambda name=name: _load_target(name, models.target, opts, threads)) for name in CPU_BACKENDS if name != target}
     others_d = {} if models.drafter is None else {

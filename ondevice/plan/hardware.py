@@ -104,11 +104,16 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count() or 1
 
 
+def physical_cores() -> int:
+    """Physical cores this process may use (hyper-threads of a busy core are not cores to spare)."""
+    usable = usable_cores()
+    return max(1, min(psutil.cpu_count(logical=False) or usable, usable))
+
+
 def default_threads() -> int:
     """Compute threads: physical cores, but never more than the CPUs this process may use
     (llama.cpp and torch gain nothing from hyper-threads and lose a lot to oversubscription)."""
-    usable = usable_cores()
-    return max(1, min(psutil.cpu_count(logical=False) or usable, usable))
+    return physical_cores()
 
 
 def machine_facts(data_dir: Path | None = None) -> MachineFacts:
