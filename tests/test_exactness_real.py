@@ -36,7 +36,7 @@ CONFIGS = {
     "llama": [DraftSpec("chain", 4), DraftSpec("best-first", 16), DraftSpec("multi-seq", 8)],
     # the memory plan's configuration for a target larger than RAM: weights left in the mapped file
     # (no repacking), buffers for trees up to 64 nodes, the page cache steered layer by layer
-    "llama-stream": [DraftSpec("best-first", 16), DraftSpec("best-first", 32)],
+    "llama-stream": [DraftSpec("best-first", 16)],
     "torch": [DraftSpec("chain", 4)],  # fp32 torch on 2 CPU cores is slow; trees are covered by llama above
     "onnx": [DraftSpec("chain", 4), DraftSpec("best-first", 16)],  # ONNX target and ONNX drafter
 }
