@@ -38,3 +38,10 @@ def test_a_ram_budget_on_a_cpu_streams_the_rest_from_disk(tiny, resident_layers)
 def test_a_ram_budget_that_holds_everything_streams_nothing(tiny):
     offloaded = load_offloaded_target(tiny, "cpu", torch.float32, N_CTX, ram_memory="1GB")
     assert offloaded.streamer is None and offloaded.placement.on_device == tuple(range(N_LAYERS))
+
+
+def test_a_ram_budget_below_the_minimum_is_one_line_naming_it(tiny):
+    from ondevice.errors import OndeviceError
+
+    with pytest.raises(OndeviceError, match=r"^--ram-memory 1000 B is below the .* this target needs in RAM"):
+        load_offloaded_target(tiny, "cpu", torch.float32, N_CTX, ram_memory=1000)

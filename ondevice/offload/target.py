@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.sizes import parse_size
+from ondevice.sizes import format_bytes, parse_size
 from ondevice.offload.build import gguf_names_from_table, offload_blocks, plan_for
 from ondevice.offload.layout import LayerLayout, gguf_tensor_index, layout_from_gguf
 from ondevice.offload.placement import Placement
@@ -109,7 +109,17 @@ def plan_offload(
         raise OndeviceError(f"{path} does not match a {args.arch} model ({err}): download it again.") from err
     resident = _resident_bytes(model, args, dtype, n_ctx, max_tree)
     if torch.device(device).type == "cpu" and gpu_memory is None and ram_memory is not None:
-        gpu_memory, ram_memory = cpu_budgets(layouts, parse_size(ram_memory))
+        total = parse_size(ram_memory)
+        gpu_memory, ram_memory = cpu_budgets(layouts, total)
+        try:
+            placement = plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
+        except OndeviceError:  # say it in the user's terms: the whole budget, the whole need
+            need = resident + 2 * max(layout.nbytes for layout in layouts.values()) + max(layout.decoded_bytes for layout in layouts.values())
+            raise OndeviceError(
+                f"--ram-memory {format_bytes(total)} is below the {format_bytes(need + total - gpu_memory)} this target needs in RAM "
+                "even with every layer streamed from disk (embeddings, LM head, KV cache, buffers); raise it or use a shorter --ctx."
+            ) from None
+        return OffloadPlan(path, reader, args, model, layouts, resident, placement)
     placement = plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
     return OffloadPlan(path, reader, args, model, layouts, resident, placement)
 
