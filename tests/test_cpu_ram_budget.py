@@ -43,5 +43,5 @@ def test_a_ram_budget_that_holds_everything_streams_nothing(tiny):
 def test_a_ram_budget_below_the_minimum_is_one_line_naming_it(tiny):
     from ondevice.errors import OndeviceError
 
-    with pytest.raises(OndeviceError, match=r"^--ram-memory 1000 B is below the .* this target needs in RAM"):
+    with pytest.raises(OndeviceError, match=r"^--ram-memory 1.0 kB is below the .* this target needs in RAM"):
         load_offloaded_target(tiny, "cpu", torch.float32, N_CTX, ram_memory=1000)
