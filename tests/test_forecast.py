@@ -13,6 +13,7 @@ import pytest
 from ondevice.catalog.pairs import list_pairs, load_pair
 from ondevice.eval.bench import BenchResult
 from ondevice.eval.measured import record_bench
+from ondevice.pipeline import LoadOptions
 from ondevice.plan.forecast import forecast, plan_config
 from ondevice.plan.hardware import LatencyCurve, default_threads, machine_facts
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
@@ -31,9 +32,9 @@ def cache_curve(shape: str, role: str, backend: str, seconds) -> None:
 
 
 def test_nothing_is_predicted_before_the_curves_are_measured(home):
-    f = forecast(load_pair("qwen2.5-72b"), target_backend="llama")
+    f = forecast(load_pair("qwen2.5-72b"), LoadOptions(target_backend="llama"))
     assert f.alone is None and f.speculative is None and f.target is None
-    assert f.to_measure == "ondevice bench --synthetic qwen2.5-72b"
+    assert f.to_measure == "ondevice bench --synthetic qwen2.5-72b --target-backend llama"
 
 
 def test_flat_target_curve_predicts_speculation_above_the_target_alone(home):
@@ -42,7 +43,7 @@ def test_flat_target_curve_predicts_speculation_above_the_target_alone(home):
     backend = f"llama-cpu-t{default_threads()}"
     cache_curve("qwen2.5-72b", "target", backend, [0.1] * 7)
     cache_curve("qwen2.5-0.5b", "drafter", backend, [0.005] * 8)
-    f = forecast(load_pair("qwen2.5-72b"), target_backend="llama")
+    f = forecast(load_pair("qwen2.5-72b"), LoadOptions(target_backend="llama"))
     assert f.alone == pytest.approx(10.0)
     assert f.speculative.predicted_tokens_per_pass > 3 and f.speculative.predicted_tokens_per_second > 2 * f.alone
     assert f.planner == f.speculative  # worth it: --tree auto would draft
@@ -55,7 +56,7 @@ def test_bench_measurements_are_shown_beside_the_prediction(home):
     alone = BenchResult("target only", "none", 0, prompts=1, tokens=40, target_passes=40, decode_seconds=2.0)
     chain = BenchResult("chain @4", "chain", 4, prompts=1, tokens=40, target_passes=12, decode_seconds=2.5)
     record_bench(machine_facts().fingerprint(), "qwen2.5-coder-1.5b", backend, [alone, chain])
-    f = forecast(load_pair("qwen2.5-coder-1.5b"), target_backend="llama")
+    f = forecast(load_pair("qwen2.5-coder-1.5b"), LoadOptions(target_backend="llama"))
     assert f.measured_tps("target only") == pytest.approx(20.0)
     config, tps = f.measured_speculative()
     assert tps == pytest.approx(16.0) and (config == plan_config(f.speculative) or config == "chain @4")
@@ -75,7 +76,9 @@ def test_models_predict_lists_every_pair_as_json(home):
 
 
 def test_profile_of_a_pair_not_downloaded_predicts_and_downloads_nothing(home):
-    result = ondevice(home, "profile", "-m", "qwen3-32b", "--json")
+    result = ondevice(home, "profile", "-m", "qwen3-32b", "--json", "--target-backend", "torch", "--ram-memory", "8GiB")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)[0]["pair"] == "qwen3-32b"
+    record = json.loads(result.stdout)[0]
+    assert record["pair"] == "qwen3-32b" and record["backend"].startswith("torch-")
+    assert record["to_measure"] == "ondevice bench --synthetic qwen3-32b --target-backend torch --ram-memory 8GiB"
     assert not (home / "models").exists()

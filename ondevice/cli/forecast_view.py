@@ -10,17 +10,17 @@ from rich.console import Console
 from rich.table import Table
 
 from ondevice.catalog.pairs import ModelPair
+from ondevice.pipeline import LoadOptions
 from ondevice.cli.models_cmd import target_place
 from ondevice.plan.acceptance import MEASURED_PRIOR
 from ondevice.plan.ram import ram_budget
 from ondevice.plan.forecast import Forecast, forecast, plan_config
 
 
-def show_forecasts(
-    pairs: list[ModelPair], as_json: bool = False, out: Console | None = None, threads: int | None = None, target_backend: str = "auto"
-) -> list[Forecast]:
+def show_forecasts(pairs: list[ModelPair], as_json: bool = False, out: Console | None = None, opts: LoadOptions | None = None) -> list[Forecast]:
+    """Print the forecasts for the target backend and memory budgets in `opts` (default: a plain chat's)."""
     out = out or Console(highlight=False)
-    forecasts = [forecast(pair, threads, target_backend) for pair in pairs]
+    forecasts = [forecast(pair, opts) for pair in pairs]
     budget = ram_budget()
     lives = {pair.name: target_place(pair, budget) for pair in pairs}  # the memory plan the loader uses
     if as_json:
@@ -69,13 +69,13 @@ def _pair_of(predicted: float | None, measured: float | None) -> str:
 
 def footnotes(forecasts: list[Forecast]) -> list[str]:
     lines = []
-    missing: dict[str, list[str]] = {}  # one synthetic run measures every pair with the same shapes
+    missing: dict[str, list[Forecast]] = {}  # one synthetic run measures every pair with the same shapes
     for f in forecasts:
         if f.to_measure:
-            missing.setdefault(f.shapes, []).append(f.pair)
+            missing.setdefault(f.shapes, []).append(f)
     if missing:
         lines.append("not measured on this machine yet; one synthetic run each (random weights, nothing downloaded):")
-        lines += [f"  ondevice bench --synthetic {pairs[0]}" + (f"   (also {', '.join(pairs[1:])})" if pairs[1:] else "") for pairs in missing.values()]
+        lines += [f"  {first.to_measure}" + (f"   (also {', '.join(f.pair for f in rest)})" if rest else "") for first, *rest in missing.values()]
     kinds = {f.acceptance for f in forecasts}
     if "prior" in kinds or "assumed" in kinds:
         lines.append(f"top-1: how often the drafter's first choice is the target's. prior: {MEASURED_PRIOR['qwen2.5']}; "

@@ -40,7 +40,7 @@ def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOp
     if load.target is None and load.drafter is None and not _downloaded(load_pair(load.pair)):
         from ondevice.cli.forecast_view import show_forecasts
 
-        show_forecasts([load_pair(load.pair)], as_json, console, load.threads, load.target_backend)
+        show_forecasts([load_pair(load.pair)], as_json, console, load)
         if not as_json:
             console.print(f"[dim]{load_pair(load.pair).name} is not downloaded: this is a prediction. "
                           f"`ondevice download {load_pair(load.pair).name}` and run again to profile the real files.[/]")  # fmt: skip

@@ -23,8 +23,10 @@ from ondevice.catalog.pairs import ModelPair
 from ondevice.eval.measured import load_measured
 from ondevice.plan.acceptance import acceptance_for
 from ondevice.plan.cost_model import Plan, choose_plan
+from ondevice.pipeline import LoadOptions
 from ondevice.plan.hardware import Curves, default_threads, machine_facts
 from ondevice.synthetic.cache import SyntheticMeasurement, load_measurement
+from ondevice.synthetic.measure import budgets_label
 from ondevice.synthetic.shapes import find_shape
 
 
@@ -43,11 +45,12 @@ class Forecast:
     measured: dict = field(default_factory=dict)  # config → what `ondevice bench` measured on the real pair
 
     shapes: str = ""  # "target shape + drafter shape": pairs alike share their measurements
+    command: str = ""  # the `ondevice bench --synthetic` line that measures them
 
     @property
     def to_measure(self) -> str | None:
         """The command that measures what is missing, or None when nothing is."""
-        return None if self.target and self.drafter else f"ondevice bench --synthetic {self.pair}"
+        return None if self.target and self.drafter else self.command
 
     def measured_tps(self, config: str) -> float | None:
         row = self.measured.get(config)
@@ -67,17 +70,20 @@ def plan_config(plan: Plan) -> str:
     return f"{plan.builder} @{plan.budget}"
 
 
-def forecast(pair: ModelPair, threads: int | None = None, target_backend: str = "auto") -> Forecast:
-    threads = threads or default_threads()
-    backend = pipeline.backend_label(pipeline.pick_backend(target_backend), threads)
+def forecast(pair: ModelPair, opts: LoadOptions | None = None) -> Forecast:
+    """The pair's predicted speed here, for the target backend and memory budgets in `opts`
+    (default: what a plain `ondevice chat` would use)."""
+    opts = opts or LoadOptions()
+    threads = opts.threads or default_threads()
+    backend = pipeline.backend_label(pipeline.pick_backend(opts.target_backend), threads)
+    budgets = budgets_label(opts)
     fingerprint = machine_facts().fingerprint()
-    target_shape = pair.target.shape or "?"
     family = find_shape(pair.target.shape).family if pair.target.shape else ""
     p_rank, source = acceptance_for(pair.name, family)
-    result = Forecast(pair.name, target_shape, backend, source, float(p_rank[0]), measured=load_measured(fingerprint, pair.name, backend),
-                      shapes=f"{pair.target.shape} + {pair.drafter.shape}")
+    result = Forecast(pair.name, pair.target.shape or "?", backend, source, float(p_rank[0]), measured=load_measured(fingerprint, pair.name, backend),
+                      shapes=f"{pair.target.shape} + {pair.drafter.shape}", command=measure_command(pair.name, opts))
     if pair.target.shape and pair.drafter.shape:
-        result.target = load_measurement(fingerprint, pair.target.shape, "target", backend)
+        result.target = load_measurement(fingerprint, pair.target.shape, "target", backend, budgets)
         result.drafter = load_measurement(fingerprint, pair.drafter.shape, "drafter", pipeline.backend_label("llama", threads))
     if result.target is None or result.drafter is None:
         return result
@@ -87,3 +93,10 @@ def forecast(pair: ModelPair, threads: int | None = None, target_backend: str = 
     result.speculative = choose_plan(curves, p_rank, overlap, min_speedup=0.0)
     result.alone = result.planner.target_only_tokens_per_second
     return result
+
+
+def measure_command(pair: str, opts: LoadOptions) -> str:
+    """The `ondevice bench --synthetic` line that measures what this forecast needs."""
+    flags = [f"--target-backend {opts.target_backend}"] if opts.target_backend != "auto" else []
+    flags += [f"--{name}-memory {size}" for name, size in (("gpu", opts.gpu_memory), ("ram", opts.ram_memory)) if size]
+    return " ".join([f"ondevice bench --synthetic {pair}", *flags])
