@@ -67,6 +67,16 @@ def test_real_files_are_named_by_their_preset(real_pair):
     assert matching_preset(dataclasses.replace(PRESETS["qwen3-8b"], name="x")) == "qwen3-8b"
 
 
+def test_a_file_in_another_quant_is_not_measured_as_the_preset(tmp_path, monkeypatch):
+    """Same shape as a preset, other types (all Q8_0): its own name, so its curve never stands in for the preset's."""
+    monkeypatch.setitem(PRESETS, "tiny-qwen2", tiny_shape("qwen2"))
+    same = write_synthetic_gguf(tiny_shape("qwen2"), tmp_path / "same.gguf", show=False)
+    other = write_synthetic_gguf(dataclasses.replace(tiny_shape("qwen2"), quant="Q8_0"), tmp_path / "q8.gguf", show=False)
+    assert resolve(str(same))[0].shape.name == "tiny-qwen2"
+    (model,) = resolve(str(other))
+    assert model.shape.name == "q8" and {t.qtype for t in model.tensors} == {QT.Q8_0, QT.F32}
+
+
 def test_the_mix_has_every_type_of_the_rule():
     types = {t.name: t.qtype for t in preset_tensors(PRESETS["llama-3.3-70b"])}
     assert types["output.weight"] == QT.Q6_K and types["token_embd.weight"] == QT.Q4_K

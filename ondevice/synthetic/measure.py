@@ -24,6 +24,7 @@ from ondevice.offload.placement import RAM_MARGIN
 from ondevice.paths import home
 from ondevice.pipeline import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
+from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.plan.memory import MemoryPlan, ModelSize
 from ondevice.plan.hardware import (
@@ -35,7 +36,6 @@ from ondevice.synthetic.quant_mix import file_bytes
 from ondevice.synthetic.sources import SyntheticModel
 from ondevice.synthetic.writer import write_synthetic_gguf
 
-GPU_MAX_TREE = 2048
 DRAFT_BATCHES = powers_of_two(128)  # as `ondevice profile` measures the drafter
 
 
@@ -67,7 +67,7 @@ def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> 
     if role == "drafter":
         return DRAFT_BATCHES, "draft call vs batch, up to 128 (as `ondevice profile`)"
     if "cuda" in backend:
-        return powers_of_two(GPU_MAX_TREE), ""
+        return powers_of_two(MAX_BUDGET), ""
     if memory is not None and memory.sizes.max_tree < CPU_MAX_TREE:
         return powers_of_two(memory.sizes.max_tree), f"capped at {memory.sizes.max_tree} tokens: the largest tree the memory plan allows here"
     return powers_of_two(CPU_MAX_TREE), (

@@ -46,9 +46,11 @@ def from_preset(shape: ModelShape, role: str | None = None) -> SyntheticModel:
 
 def from_file(path: str | Path, name: str | None = None, role: str = "target") -> SyntheticModel:
     path = Path(path).expanduser()
-    shape = shape_of_gguf(path)
-    name = name or matching_preset(shape) or shape.name
-    return SyntheticModel(dataclasses.replace(shape, name=name), tensors_of_gguf(path), role, path)
+    shape, tensors = shape_of_gguf(path), tensors_of_gguf(path)
+    preset = matching_preset(shape)
+    if name is None and preset is not None and tensors == tuple(preset_tensors(PRESETS[preset])):
+        name = preset  # the same model to every backend: measured under the preset's name (what forecasts look up)
+    return SyntheticModel(dataclasses.replace(shape, name=name or shape.name), tensors, role, path)
 
 
 def matching_preset(shape: ModelShape) -> str | None:
