@@ -26,7 +26,7 @@ from ondevice.plan.ram import RamBudget, anon_rss, disk_read_bytes, peak_rss, ra
 from ondevice.target.page_cache import WINDOW_AHEAD
 from ondevice.protocols import DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
 from ondevice.sizes import parse_size
-from ondevice.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
+from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
 
 TARGET_BACKENDS = ("auto", "torch", "llama", "onnx")

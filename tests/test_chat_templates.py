@@ -14,11 +14,11 @@ import pytest
 from tiny_models import write_tiny_gguf
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from ondevice.chat_template import THINK_CLOSE, THINK_OPEN
+from ondevice.prompt.chat_template import THINK_CLOSE, THINK_OPEN
 from ondevice.cli.chat_cmd import apply_set
 from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
-from ondevice.tokenizer import Tokenizer
+from ondevice.prompt.tokenizer import Tokenizer
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 LLAMA3 = (TEMPLATES / "meta-llama-Llama-3.3-70B-Instruct.jinja").read_text()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ondevice.errors import OndeviceError
-from ondevice.tokenizer import Tokenizer, check_same_vocab
+from ondevice.prompt.tokenizer import Tokenizer, check_same_vocab
 from tiny_models import write_tiny_gguf
 
 

@@ -24,7 +24,7 @@ from ondevice.engine import SpecEngine, Step
 from ondevice.eval import prompts
 from ondevice.eval.numerics import greedy_misses, pass_noise
 from ondevice.protocols import DraftSpec
-from ondevice.tokenizer import Tokenizer
+from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.tree import DraftTree
 from ondevice.verify import Verdict
 

@@ -308,7 +308,7 @@ def real_drafter(real_pair) -> LlamaDrafter:
 
 @pytest.fixture(scope="module")
 def prompt_ids(real_pair) -> list[int]:
-    from ondevice.tokenizer import Tokenizer
+    from ondevice.prompt.tokenizer import Tokenizer
 
     return Tokenizer(real_pair.drafter).encode(PROMPT)
 

@@ -143,7 +143,7 @@ NOISE_FACTOR = 2.0  # a tree's paths against chains of its size: the same kernel
 def real_case(real_pair):
     """The 0.5B Q4_K_M file as a target (the 1.5B's code path, three times faster), a reference
     target for one-token decoding, and the prompt's tokens."""
-    from ondevice.tokenizer import Tokenizer
+    from ondevice.prompt.tokenizer import Tokenizer
 
     path = real_pair.drafter
     prefix = Tokenizer(path).encode(PROMPT)

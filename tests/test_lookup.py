@@ -240,7 +240,7 @@ def test_lookup_equals_target_alone_on_a_code_rewrite_real(real_pair, model, cap
     the answers differ, every token of the lookup answer must be the target alone's argmax after its
     own prefix unless the margin there is below this machine's batch noise for passes of 7 tokens."""
     from ondevice.target.llama_target import LlamaTarget
-    from ondevice.tokenizer import Tokenizer
+    from ondevice.prompt.tokenizer import Tokenizer
 
     path = getattr(real_pair, model)
     tokenizer = Tokenizer(path)

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from ondevice.gguf_header import read_header
+from ondevice.files.gguf_header import read_header
 from ondevice.errors import OndeviceError
 from ondevice.plan import ram
 from ondevice.plan.memory import IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, context_buffers, plan_memory

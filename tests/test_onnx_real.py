@@ -25,7 +25,7 @@ from ondevice.onnx.session import check_fast_kernels, nbits_configs
 from ondevice.target.llama_target import LlamaTarget
 from ondevice.target.onnx_target import OnnxTarget
 from ondevice.target.torch_target import TorchTarget
-from ondevice.tokenizer import Tokenizer
+from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.tree import DraftTree
 
 pytestmark = pytest.mark.real

@@ -252,7 +252,7 @@ def test_overlap_on_the_real_pair_equals_target_alone(real_pair):
     from ondevice.eval.numerics import greedy_misses, pass_noise
     from ondevice.draft.llama_drafter import LlamaDrafter
     from ondevice.target.llama_target import LlamaTarget
-    from ondevice.tokenizer import Tokenizer
+    from ondevice.prompt.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(real_pair.target)
     target = LlamaTarget(real_pair.target, n_ctx=1024, threads=2)

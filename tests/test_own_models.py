@@ -18,7 +18,7 @@ from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.errors import OndeviceError
 from ondevice.pipeline import load
 from ondevice.protocols import DraftSpec
-from ondevice.tokenizer import Tokenizer, check_same_vocab, vocab_mismatch
+from ondevice.prompt.tokenizer import Tokenizer, check_same_vocab, vocab_mismatch
 
 REAL, PADDED = 320, 384
 

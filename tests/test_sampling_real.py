@@ -39,7 +39,7 @@ PROMPT = "Pick a random number from 1 to 10. Reply with the number only."  # a s
 def setup(real_pair):
     from ondevice.draft.llama_drafter import LlamaDrafter
     from ondevice.target.torch_target import TorchTarget
-    from ondevice.tokenizer import Tokenizer
+    from ondevice.prompt.tokenizer import Tokenizer
 
     tok = Tokenizer(real_pair.target)
     ids = tok.encode(tok.render_chat([{"role": "user", "content": PROMPT}]), add_special=False, parse_special=True)

@@ -17,7 +17,7 @@ from test_offload_target import budgets, run_and_compare
 from test_torch_target import llama_cpp_logits
 
 from ondevice.errors import OndeviceError
-from ondevice.gguf_split import SplitReader, part_paths
+from ondevice.files.gguf_split import SplitReader, part_paths
 from ondevice.offload.layout import gguf_tensor_index
 from ondevice.offload.target import load_offloaded_target
 from ondevice.target.torch_target import TorchTarget

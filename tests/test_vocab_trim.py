@@ -24,7 +24,7 @@ from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LlamaContext, LlamaModel
 from ondevice.eval.prompts import CALIBRATION
 from ondevice.quant import vocab_trim as vt
-from ondevice.tokenizer import Tokenizer
+from ondevice.prompt.tokenizer import Tokenizer
 
 K = 4096  # small: fast to write, and most ids of any text fall outside it (inputs must still work)
 

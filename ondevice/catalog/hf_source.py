@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from ondevice import paths
 from ondevice.catalog.pairs import ModelFile, Part
 from ondevice.errors import OndeviceError, first_line
-from ondevice.gguf_split import SPLIT_NAME
+from ondevice.files.gguf_split import SPLIT_NAME
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 HUB_PROBE_TIMEOUT_S = 3.0

@@ -29,7 +29,7 @@ from typing import Any
 
 from ondevice import paths
 from ondevice.errors import OndeviceError
-from ondevice.gguf_split import SPLIT_NAME, part_names
+from ondevice.files.gguf_split import SPLIT_NAME, part_names
 
 REPO_CATALOG = Path(__file__).parent / "models"  # the top-level models/ folder (a link in the source tree, copied into the wheel)
 

@@ -19,7 +19,7 @@ from ondevice.catalog import hub, refs
 from ondevice.catalog.pairs import ModelFile, ModelPair, list_pairs, load_pair
 from ondevice.cli import options as opt
 from ondevice.errors import OndeviceError
-from ondevice.gguf_split import SPLIT_NAME, model_bytes
+from ondevice.files.gguf_split import SPLIT_NAME, model_bytes
 from ondevice.plan.memory import ModelSize, plan_memory
 from ondevice.plan.ram import RamBudget, ram_budget
 from ondevice.target.page_cache import WINDOW_AHEAD

@@ -6,7 +6,7 @@ chunks, so the chat can show the thinking dimmed and the answer plain.
 
 from __future__ import annotations
 
-from ondevice.chat_template import THINK_CLOSE, THINK_OPEN
+from ondevice.prompt.chat_template import THINK_CLOSE, THINK_OPEN
 
 
 class ThinkSplitter:

@@ -158,7 +158,7 @@ def main() -> None:
     from ondevice.eval.prompts import CHAT_EVAL, CODE_EVAL
     from ondevice.plan.hardware import machine_facts
     from ondevice.target.llama_target import LlamaTarget
-    from ondevice.tokenizer import Tokenizer
+    from ondevice.prompt.tokenizer import Tokenizer
 
     parser = argparse.ArgumentParser(description="This machine's batch noise: logits of passes of n tokens vs one token at a time.")
     parser.add_argument("--sizes", default="2,8,64", help="pass sizes, comma-separated (at most 64)")

@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.gguf_split import part_paths
+from ondevice.files.gguf_split import part_paths
 from ondevice.offload.layout import FileRange, LayerLayout
 
 POLL_S = 0.05  # how often waits look at the reader thread's health

@@ -23,7 +23,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from ondevice.gguf_split import SplitReader
+from ondevice.files.gguf_split import SplitReader
 from ondevice.quant import gguf_blocks, groupwise
 from ondevice.quant.groupwise import GroupSpec
 

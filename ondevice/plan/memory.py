@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from ondevice.gguf_header import read_header
+from ondevice.files.gguf_header import read_header
 from ondevice.plan.ram import RamBudget, anon_rss, ram_budget
 from ondevice.sizes import format_bytes
 

@@ -62,7 +62,7 @@ def calibration_token_counts(
     on_prompt(index, answer_ids) is called after each prompt (progress bars, coverage checks).
     """
     from ondevice.target.llama_target import LlamaTarget  # llama.cpp is needed only here
-    from ondevice.tokenizer import Tokenizer
+    from ondevice.prompt.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(target_gguf)
     chats = [tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": p}]), parse_special=True) for p in prompts]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ondevice.gguf_header import read_header
+from ondevice.files.gguf_header import read_header
 from ondevice.llama_backend import OUTPUT_LAYER
 
 MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED = 2, 3, 4

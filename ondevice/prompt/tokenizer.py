@@ -14,7 +14,8 @@ from typing import Iterable
 
 import llama_cpp
 
-from ondevice import chat_template, llama_backend
+from ondevice import llama_backend
+from ondevice.prompt import chat_template
 from ondevice.errors import OndeviceError
 
 

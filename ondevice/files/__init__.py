@@ -1,0 +1,1 @@
+"""GGUF files as llama.cpp writes them: headers and tensor byte ranges, split sets read as one."""
