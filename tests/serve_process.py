@@ -42,14 +42,15 @@ class ServeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ondevice serve exited with {self.proc.returncode}:\n{self.log()}")
+                raise RuntimeError(f"ondevice serve exited with {self.proc.returncode}:\n{self._close_log()}")
             try:
                 if self.call("GET", "/health")[0] == 200:
                     return self
             except OSError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"ondevice serve did not answer /health in {timeout} s:\n{self.log()}")
+        self.stop()
+        raise TimeoutError(f"ondevice serve did not answer /health in {timeout} s:\n{self._close_log()}")
 
     def client(self, **options):
         import openai
@@ -102,9 +103,15 @@ class ServeProcess:
         with open(self._log.name) as f:
             return f.read()
 
+    def _close_log(self) -> str:
+        """The log's text; the file is removed."""
+        text = self.log()
+        os.unlink(self._log.name)
+        return text
+
     def __enter__(self) -> "ServeProcess":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
-        os.unlink(self._log.name)
+        self._close_log()

@@ -81,37 +81,37 @@ def test_waiting_request_cancelled_disconnect_stops_the_answer_and_the_next_is_r
 
 
 def test_sigterm_finishes_the_answer_in_flight_refuses_waiting_ones_and_frees_the_models(env):
-    server = ServeProcess(LONG, env).start()
-    stream, chunks = long_stream(server, max_tokens=3000)
-    waiting = send_request(server, waiting=1)
-    server.proc.send_signal(signal.SIGTERM)
-    refused = waiting.getresponse()
-    assert refused.status == 503 and "shutting down" in json.loads(refused.read())["error"]["message"]
-    rest = list(chunks)
-    assert [c.choices[0].finish_reason for c in rest if c.choices][-1] == "length"
-    assert rest[-1].usage.completion_tokens == 3000  # the answer in flight was finished, not cut
-    assert server.proc.wait(120) == 0
-    log = server.log()
-    assert "stopped; models freed · 1 answers, 1 cancelled, 0 failed, 3000 tokens generated" in log and "Traceback" not in log
-    with pytest.raises(openai.APIConnectionError):
-        server.client().models.list()
+    with ServeProcess(LONG, env) as server:
+        stream, chunks = long_stream(server, max_tokens=3000)
+        waiting = send_request(server, waiting=1)
+        server.proc.send_signal(signal.SIGTERM)
+        refused = waiting.getresponse()
+        assert refused.status == 503 and "shutting down" in json.loads(refused.read())["error"]["message"]
+        rest = list(chunks)
+        assert [c.choices[0].finish_reason for c in rest if c.choices][-1] == "length"
+        assert rest[-1].usage.completion_tokens == 3000  # the answer in flight was finished, not cut
+        assert server.proc.wait(120) == 0
+        log = server.log()
+        assert "stopped; models freed · 1 answers, 1 cancelled, 0 failed, 3000 tokens generated" in log and "Traceback" not in log
+        with pytest.raises(openai.APIConnectionError):
+            server.client().models.list()
 
 
 def test_second_ctrl_c_stops_the_answer_in_flight_and_public_host_warns(env):
-    server = ServeProcess([*LONG, "--host", "0.0.0.0"], env).start()
-    assert "warning: listening on 0.0.0.0 without --api-key" in server.log()
-    stream, chunks = long_stream(server, max_tokens=4000)
-    server.proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)  # uvicorn notices the first signal and begins to wait for the answer
-    server.proc.send_signal(signal.SIGINT)
-    received = []
-    with pytest.raises(openai.APIError):  # the connection closes before the answer ends
-        for chunk in chunks:
-            received.append(chunk)
-    assert not any(c.choices and c.choices[0].finish_reason for c in received)
-    assert server.proc.wait(120) == 0
-    counts = re.search(r"stopped; models freed · (\d+) answers, (\d+) cancelled, (\d+) failed, (\d+) tokens generated", server.log())
-    assert counts and counts.groups()[:3] == ("0", "1", "0") and int(counts[4]) < 4000  # stopped at the next pass
+    with ServeProcess([*LONG, "--host", "0.0.0.0"], env) as server:
+        assert "warning: listening on 0.0.0.0 without --api-key" in server.log()
+        stream, chunks = long_stream(server, max_tokens=4000)
+        server.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # uvicorn notices the first signal and begins to wait for the answer
+        server.proc.send_signal(signal.SIGINT)
+        received = []
+        with pytest.raises(openai.APIError):  # the connection closes before the answer ends
+            for chunk in chunks:
+                received.append(chunk)
+        assert not any(c.choices and c.choices[0].finish_reason for c in received)
+        assert server.proc.wait(120) == 0
+        counts = re.search(r"stopped; models freed · (\d+) answers, (\d+) cancelled, (\d+) failed, (\d+) tokens generated", server.log())
+        assert counts and counts.groups()[:3] == ("0", "1", "0") and int(counts[4]) < 4000  # stopped at the next pass
 
 
 @pytest.mark.parametrize("args,words", [
