@@ -66,13 +66,8 @@ class OnnxDraftKV:
         """Move the entries of the last tree's nodes that `context` continues with onto the context."""
         if self.tree is None or common_prefix(self.tokens, context) < len(self.tokens):
             return
-        tree, node, kept = self.tree, 0, []
-        child_of = {(tree.parents[n], tree.tokens[n]): n for n in self.slot_of}
-        for token in context[len(self.tokens) : len(context) - 1]:  # the last token must be decoded
-            node = child_of.get((node, token))
-            if node is None:
-                break
-            kept.append(node)
+        tree = self.tree
+        kept = tree.follow(self.slot_of, context[len(self.tokens) : len(context) - 1])  # the last token must be decoded
         if kept:
             self.decoder.move(np.array([self.slot_of[n] for n in kept]), len(self.tokens))
             self.tokens += [tree.tokens[n] for n in kept]

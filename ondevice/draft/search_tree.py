@@ -58,6 +58,17 @@ class SearchTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def follow(self, nodes, tokens: Sequence[int]) -> list[int]:
+        """The nodes among `nodes` that spell `tokens` from the root, as far as they go."""
+        child_of = {(self.parents[n], self.tokens[n]): n for n in nodes}
+        path, node = [], 0
+        for token in tokens:
+            node = child_of.get((node, token))
+            if node is None:
+                break
+            path.append(node)
+        return path
+
     def add_children(
         self, parent: int, tokens: np.ndarray, step_logprobs: np.ndarray, sampled: bool = False, min_score: float = -np.inf
     ) -> list[int]:

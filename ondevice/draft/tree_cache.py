@@ -67,13 +67,8 @@ class DraftKV:
         """Move the cells of the last tree's nodes that `context` continues with onto sequence 0."""
         if self.tree is None or common_prefix(self.tokens, context) < len(self.tokens):
             return
-        tree, node, kept = self.tree, 0, []
-        cell_of = {(tree.parents[n], tree.tokens[n]): n for n in self.node_seq}
-        for token in context[len(self.tokens) : len(context) - 1]:  # the last token must be decoded
-            node = cell_of.get((node, token))
-            if node is None:
-                break
-            kept.append(node)
+        tree = self.tree
+        kept = tree.follow(self.node_seq, context[len(self.tokens) : len(context) - 1])  # the last token must be decoded
         if kept:
             start = len(self.tokens)
             self.ctx.seq_cp(self.node_seq[kept[-1]], MAIN_SEQ, start, start + len(kept))
