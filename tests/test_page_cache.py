@@ -76,3 +76,5 @@ def test_the_window_changes_no_logit_and_steers_the_cache(tiny):
     finished = [resident_fraction(window.layers[i]) for i in range(2, N_LAYERS)]
     assert max(finished) < 0.5, finished  # paged out
     steered.close()
+    steered.close()  # a second close (bench closes the engine, then the pipeline) does nothing
+    assert window.fd is None and steered.window is None

@@ -9,7 +9,10 @@ Per target pass we pay for drafting and for verifying, and we emit E = E[accepte
 
 with n = budget + 1 tree nodes (the root too), E from Sequoia's DP (sequoia.py) or the chain formula,
 and t_draft = Σ over levels of the drafter's call latency at that level's batch (one call per level:
-level-by-level expansion; a chain is `budget` calls of batch 1). Overlap is possible where the
+level-by-level expansion; a chain is `budget` calls of batch 1), plus the first call's catch-up: the
+accepted path's last drafted token was proposed but never decoded, so when the path ends there (p
+of the top-1 path) that call decodes 2 tokens, not 1 (measured: chain @1 cost 34 ms of drafting per
+round where one call costs 17). Overlap is possible where the
 drafter does not take the target's cores: a GPU target, or a CPU with cores to spare for both
 (`overlap_possible`). On a CPU whose cores the target's threads already use, even a target that
 waits on the disk leaves none free: llama.cpp's threads spin while one of them waits for a page
@@ -61,9 +64,13 @@ class Plan:
         return DraftSpec(builder=self.builder, budget=self.budget, max_depth=depth, **sampling)
 
 
-def _draft_seconds(curves: Curves, batches: Sequence[int]) -> float:
-    """One draft call per level; each costs the drafter's latency at that level's batch."""
-    return sum(curves.drafter(b) for b in batches)
+def _draft_seconds(curves: Curves, batches: Sequence[int], p_leaf: float) -> float:
+    """One draft call per level; each costs the drafter's latency at that level's batch. The first
+    call also decodes what the drafter's cache lacks: the target's bonus token, and with probability
+    p_leaf the accepted path's last drafted token too (a leaf: proposed, never decoded), a batch of 2.
+    """
+    catch_up = p_leaf * (curves.drafter(2) - curves.drafter(1))
+    return sum(curves.drafter(b) for b in batches) + catch_up
 
 
 def guess_hit_rate(p_rank: np.ndarray, top1_path: int, root_children: int) -> float:
@@ -90,14 +97,17 @@ def _candidates(curves: Curves, p_rank: np.ndarray, budgets: Sequence[int], max_
     table = sequoia_table(p_rank, max(budgets), max_depth)
     for budget in budgets:
         t_target = curves.target(budget + 1)
-        yield ("chain", budget, budget, chain_tokens_per_pass(p_rank[0], budget), _draft_seconds(curves, [1] * budget), t_target,
-               guess_hit_rate(p_rank, budget, 1))
+        all_accepted = float(p_rank[0] ** budget)
+        yield ("chain", budget, budget, chain_tokens_per_pass(p_rank[0], budget), _draft_seconds(curves, [1] * budget, all_accepted),
+               t_target, guess_hit_rate(p_rank, budget, 1))
         for depth in range(1, min(budget, max_depth) + 1):
             shape = table.shape(budget, depth)
             if shape.depth < depth:  # allowing more depth no longer changes the tree
                 break
-            hit = guess_hit_rate(p_rank, _top1_path(shape), int(np.sum(shape.parents == 0)))
-            yield "best-first", budget, depth, shape.tokens_per_pass, _draft_seconds(curves, shape.expansions_per_level()), t_target, hit
+            top1 = _top1_path(shape)
+            hit = guess_hit_rate(p_rank, top1, int(np.sum(shape.parents == 0)))
+            t_draft = _draft_seconds(curves, shape.expansions_per_level(), float(p_rank[0] ** top1))  # leaf ≈ end of the top-1 path
+            yield "best-first", budget, depth, shape.tokens_per_pass, t_draft, t_target, hit
 
 
 def _priced_plans(

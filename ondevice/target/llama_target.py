@@ -145,7 +145,9 @@ class LlamaTarget:
             )
 
     def close(self) -> None:
+        """Free the context and model (again: nothing)."""
         if self.window is not None:
             self.window.close()
+            self.window = None
         self.ctx.close()
         self.model.close()

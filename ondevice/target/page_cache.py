@@ -166,6 +166,10 @@ class LayerWindow:
         self.work.join()
 
     def close(self) -> None:
+        """Stop the advising thread and close the file (a second call does nothing)."""
+        if self.fd is None:
+            return
         self.work.put(None)
         self.thread.join(timeout=5)
-        os.close(self.fd)
+        fd, self.fd = self.fd, None
+        os.close(fd)
