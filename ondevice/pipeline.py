@@ -329,7 +329,7 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
 
 
 def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend: str = "llama") -> MemoryPlan | None:
-    """Where a llama.cpp target lives (RAM or streamed from disk) and how its buffers (and a llama.cpp
+    """Where a llama.cpp target lives (RAM or streamed from disk) and how its buffers (and the
     drafter's) are sized, within --ram-memory or the RAM this process may use; None for the torch
     and ONNX targets, which plan their own memory."""
     if backend != "llama":
@@ -337,8 +337,8 @@ def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend
     from ondevice.draft.trimmed_input import TrimmedHead
 
     drafter = None
-    if models.drafter is not None and drafter_backend == "llama":
-        head = TrimmedHead.find(models.drafter) if opts.vocab_trim else None
+    if models.drafter is not None:  # an ONNX drafter is counted as its GGUF (its 4-bit export is smaller)
+        head = TrimmedHead.find(models.drafter) if opts.vocab_trim and drafter_backend == "llama" else None
         drafter = ModelSize.from_gguf(head.gguf_path if head else models.drafter)
     return plan_for(ModelSize.from_gguf(models.target), drafter, opts)
 
