@@ -167,3 +167,15 @@ def test_tracker_persists_per_pair(tmp_path, monkeypatch):
     assert AcceptanceTracker.load("pair-a").p_rank == pytest.approx(tracker.p_rank)
     assert AcceptanceTracker.load("pair-b").p_rank == pytest.approx(default_p_rank())
     assert tracker.drift(default_p_rank()) > 0
+
+
+def test_a_round_pays_for_decoding_the_accepted_leaf():
+    """The first draft call of a round decodes the bonus token and, when the whole chain was
+    accepted, the last drafted token (proposed, never decoded): a batch of 2 with p[0]^budget."""
+    target = curve({1: 0.1, 2: 0.1, 4: 0.1})
+    drafter = curve({1: 0.01, 2: 0.05, 4: 0.06})
+    p_rank = np.array([0.9, 0.05, 0.02, 0.01])
+    plan = choose_plan(Curves(target, drafter), p_rank, overlap_possible=False, budgets=[1], max_depth=1)
+    assert plan.builder in ("chain", "best-first") and plan.budget == 1
+    draft = 0.01 + 0.9 * (0.05 - 0.01)  # one call, plus the catch-up when the drafted token was accepted
+    assert plan.predicted_tokens_per_second == pytest.approx(plan.predicted_tokens_per_pass / (draft + 0.1))
