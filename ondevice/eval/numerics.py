@@ -84,12 +84,7 @@ def measure_batch_noise(target: Target, tokens: Sequence[int]) -> dict:
     The cache must hold the context before tokens[0] (tokens[0] is the next, unseen token); it is
     left as it was.
     """
-    start = target.n_cached
-    single = logits_one_by_one(target, tokens)
-    target.truncate(start)
-    chain = logits_as_chain(target, tokens)
-    target.truncate(start)
-    return noise_stats(single, chain)
+    return batch_noise_by_size(target, tokens, [len(tokens)])[len(tokens)]
 
 
 def batch_noise_by_size(target: Target, tokens: Sequence[int], sizes: Sequence[int]) -> dict[int, dict]:

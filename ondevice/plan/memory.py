@@ -52,6 +52,21 @@ IN_RAM_MAX_TREE = 512  # a CPU target in RAM: --budget up to 511 (its profile, a
 DRAFT_BATCH = 64  # nodes a drafter decodes in one call (LlamaDrafter's max_batch)
 
 
+def tensor_bytes(nbytes: dict[str, int]) -> dict[str, object]:
+    """ModelSize's layer_bytes, head_bytes and embd_bytes from each tensor's bytes, by GGUF name."""
+    layers: dict[int, int] = {}
+    for name, size in nbytes.items():
+        parts = name.split(".")
+        if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit():
+            layers[int(parts[1])] = layers.get(int(parts[1]), 0) + size
+    tied = "output.weight" not in nbytes  # the LM head is the input embedding table
+    return {
+        "layer_bytes": tuple(layers[i] for i in sorted(layers)),
+        "head_bytes": nbytes["token_embd.weight"] if tied else nbytes["output.weight"],
+        "embd_bytes": 0 if tied else nbytes["token_embd.weight"],
+    }
+
+
 @dataclass(frozen=True)
 class ModelSize:
     """What a model's memory depends on: its file, and the shapes that size its KV cache and logits.
@@ -74,15 +89,12 @@ class ModelSize:
         header = read_header(path)
         n_head = int(header.arch_value("attention.head_count", 1))
         n_embd = int(header.arch_value("embedding_length", 0))
-        layers = header.layer_ranges()
         return cls(
             file_bytes=sum({t.path: t.path.stat().st_size for t in header.tensors.values()}.values()),
-            n_layers=int(header.arch_value("block_count", len(layers))), n_embd=n_embd, n_head=n_head,
+            n_layers=int(header.arch_value("block_count", len(header.layer_ranges()))), n_embd=n_embd, n_head=n_head,
             n_head_kv=int(header.arch_value("attention.head_count_kv", n_head)),
             head_dim=int(header.arch_value("attention.key_length", n_embd // max(n_head, 1))),
-            n_vocab=header.n_vocab, layer_bytes=tuple(sum(t.nbytes for t in layers[i]) for i in sorted(layers)),
-            head_bytes=(header.tensors.get("output.weight") or header.tensors["token_embd.weight"]).nbytes,
-            embd_bytes=header.tensors["token_embd.weight"].nbytes if "output.weight" in header.tensors else 0,
+            n_vocab=header.n_vocab, **tensor_bytes({name: t.nbytes for name, t in header.tensors.items()}),
         )
 
     @classmethod

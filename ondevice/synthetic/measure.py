@@ -26,7 +26,7 @@ from ondevice.pipeline import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
-from ondevice.plan.memory import MemoryPlan, ModelSize
+from ondevice.plan.memory import MemoryPlan, ModelSize, tensor_bytes
 from ondevice.plan.hardware import (
     Bandwidths, LatencyCurve, machine_facts, measure_disk_read, measure_drafter_curve, measure_pinned_bandwidth,
     measure_ram_bandwidth, measure_target_curve, powers_of_two,
@@ -78,16 +78,10 @@ def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> 
 
 def model_size(model: SyntheticModel) -> ModelSize:
     """What the memory plan needs of a synthetic model, from its tensor list (as `from_gguf` reads a file)."""
-    tensors = {t.name: t for t in model.tensors}
-    layers: dict[int, int] = {}
-    for t in model.tensors:
-        if t.name.startswith("blk."):
-            layers[int(t.name.split(".")[1])] = layers.get(int(t.name.split(".")[1]), 0) + t.nbytes
     s = model.shape
     return ModelSize(
         file_bytes(list(model.tensors)), s.n_layers, s.dim, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab,
-        layer_bytes=tuple(layers[i] for i in sorted(layers)), head_bytes=(tensors.get("output.weight") or tensors["token_embd.weight"]).nbytes,
-        embd_bytes=tensors["token_embd.weight"].nbytes if "output.weight" in tensors else 0,
+        **tensor_bytes({t.name: t.nbytes for t in model.tensors}),
     )
 
 
