@@ -42,7 +42,7 @@ class Stats:
     verify_seconds: float = 0.0  # target passes + verification + commit
     concurrent_seconds: float = 0.0  # drafting and a target pass ran at once (counted in both above)
     prepared_trees: int = 0  # trees drafted for a guessed outcome while the target verified
-    overlap_hits: int = 0  # rounds that verified a prepared tree (no drafting between passes)
+    overlap_hits: float = 0.0  # rounds drafted during the last pass: a prepared tree used counts 1, a carried search its share
     total_seconds: float = 0.0
     disk_read_bytes: int | None = None  # read from storage while decoding (None: the OS does not say)
     pass_seconds: list[tuple[int, float]] = field(default_factory=list)  # (tree nodes, seconds) per target pass
@@ -128,6 +128,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         tree = self.drafter.draft(context, spec)
         stats.draft_seconds += time.perf_counter() - t0
+        stats.overlap_hits += getattr(self.drafter, "carried_fraction", 0.0)  # grown during the last pass
         return tree
 
     def _forward(
@@ -143,6 +144,8 @@ class SpecEngine:
             return logits, None
         if self._worker is None:
             self._worker = Overlap(self.target, self.drafter)
+        if getattr(self.drafter, "grows", lambda spec: False)(spec):  # a top-k best-first search: carry it
+            return self._worker.verify_growing(tree, stats), None
         return self._worker.forward(tree, context, spec, room, tokens_left, stats)
 
     def generate(

@@ -279,6 +279,10 @@ class LlamaContext:
         self.n_vocab = model.n_vocab
         self._batch = _Batch(self.n_batch, n_seq_max, model.n_embd if embeddings_input else 0)
 
+    def set_threads(self, n: int) -> None:
+        """Decode with n threads from now on (`threads` keeps the number the context was made with)."""
+        llama_cpp.llama_set_n_threads(self.handle, n, n)
+
     # --- decoding -----------------------------------------------------------------------------
     def decode(
         self,

@@ -161,7 +161,8 @@ def test_greedy_overlap_equals_target_alone(target, drafters, drafter_name, spec
         assert stats_plain.overlap_hits == 0 and stats_plain.prepared_trees == 0
         assert stats.prepared_trees > 0 and stats.overlap_hits <= stats.prepared_trees
         assert stats.concurrent_seconds >= 0 and stats.overhead_seconds > -1e-3
-        if drafter_name == "twin":  # the guess is usually right: most rounds need no drafting
+        if drafter_name == "twin" and spec.builder != "best-first":  # the guess is usually right: most rounds need no drafting
+            # (a best-first search is carried instead: what it saves depends on how long each pass lasts)
             assert stats.overlap_hits >= stats.target_passes // 2, stats
 
 
@@ -183,7 +184,7 @@ def test_overlap_up_to_the_end_of_the_context_window(tiny_dir, drafters):
     for spec in SPECS:
         out, stats = decode(SpecEngine(small, drafters["twin"], never_ends, overlap=True), PROMPTS[1], 1000, spec)
         assert out == reference and stats.finish_reason == "length" and len(out) == 48 - len(PROMPTS[1])
-        assert stats.overlap_hits > 0
+        assert stats.prepared_trees > 0 and (spec.builder == "best-first" or stats.overlap_hits > 0)  # carried: timing-dependent
 
 
 @pytest.mark.parametrize("spec", SPECS[:2], ids=lambda s: f"{s.builder}@{s.budget}")
@@ -192,7 +193,7 @@ def test_specexec_sampling_with_overlap_draws_the_same_tokens_as_the_target_alon
     spec = DraftSpec(spec.builder, spec.budget, temperature=0.8, seed=3)
     reference, _ = decode(SpecEngine(target, None, never_ends), PROMPTS[0], 40, sampling=sampling)
     out, stats = decode(SpecEngine(target, drafters["twin"], never_ends, overlap=True), PROMPTS[0], 40, spec, sampling)
-    assert out == reference and stats.overlap_hits > 0
+    assert out == reference and stats.prepared_trees > 0 and (spec.builder == "best-first" or stats.overlap_hits > 0)
 
 
 def test_sequoia_verifies_prepared_trees_with_their_q(target, drafters):

@@ -46,17 +46,20 @@ class Expander(Protocol):
 class Round:
     """One drafting round: the spec, the tree being grown and the source of randomness."""
 
-    def __init__(self, spec: DraftSpec, root_token: int, expander: Expander, position: int = 0):
+    def __init__(self, spec: DraftSpec, root_token: int, expander: Expander, position: int = 0, tree: SearchTree | None = None):
+        """tree: the last round's search re-rooted at root_token (`SearchTree.subtree`), to grow on."""
         self.spec = spec
-        self.tree = SearchTree(root_token)
+        self.tree = tree if tree is not None else SearchTree(root_token)
         self.expander = expander
         # A fresh stream per context length: rounds must not reuse one Gumbel draw (Sequoia's rule
         # is exact only if each round's children are independent draws from q).
         self.rng = np.random.default_rng([spec.seed, position])
         self.sampled = spec.sample_children and spec.temperature > 0  # greedy drafting ignores sample_children
+        self.expansions = 0  # nodes this round decoded
 
     def expand(self, nodes: Sequence[int]) -> np.ndarray:
         """Log-probs (len(nodes), vocab) of the children of these nodes; records q if sampling."""
+        self.expansions += len(nodes)
         return self.distributions(nodes, self.expander.expand(self.tree, nodes))
 
     def distributions(self, nodes: Sequence[int], logits: np.ndarray) -> np.ndarray:
@@ -71,9 +74,10 @@ class Round:
         """Add up to k children of `parent` (top-k, or drawn from q) that score above min_score."""
         if self.sampled:
             tokens, steps = sampled_children(logp, k, self.rng)
-        else:  # a child scores parent + log-prob: skip the tokens that cannot clear min_score
-            tokens, steps = top_children(logp, k, floor=min_score - self.tree.scores[parent])
-        return self.tree.add_children(parent, tokens, steps, self.sampled, min_score)
+            return self.tree.add_children(parent, tokens, steps, True, min_score)
+        # all top-k are kept as candidates: a later round re-rooted below this node may need them
+        self.tree.candidates[parent], self.tree.n_added[parent] = top_children(logp, k), 0
+        return self.tree.add_candidates(parent, min_score)
 
 
 def build_chain(r: Round, root_logp: np.ndarray) -> DraftTree:
@@ -85,12 +89,15 @@ def build_chain(r: Round, root_logp: np.ndarray) -> DraftTree:
     return r.tree.to_draft_tree(range(len(r.tree)))
 
 
-def build_best_first(r: Round, root_logp: np.ndarray, max_batch: int, spread: float = BATCH_SPREAD) -> DraftTree:
+def build_best_first(r: Round, root_logp: np.ndarray | None, max_batch: int, spread: float = BATCH_SPREAD) -> DraftTree:
+    """root_logp None: r.tree is a carried search whose root is expanded already."""
     budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
-    n_children = min(budget, len(root_logp))
-    r.add(0, root_logp, n_children)
+    n_children = tree.k if root_logp is None else min(budget, len(root_logp))
+    if root_logp is not None:
+        r.add(0, root_logp, n_children)
+        tree.k = 0 if r.sampled else n_children  # what a carried search knows of each expanded node
     while True:
-        kept = tree.best(budget)
+        kept = tree.best(budget, max_depth)
         full = len(kept) == budget
         threshold = tree.scores[kept[-1]] if full else -np.inf
         r.expander.release(tree, {0, *kept})

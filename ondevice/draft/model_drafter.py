@@ -4,11 +4,19 @@ A backend supplies `cache`: its KV cache of the context plus the round's tree (`
 the root's logits; `expand`, `free_capacity`, `release` as `builders.Expander`; `tokens`, what it
 holds of the context). `ModelDrafter.draft` then checks the spec, syncs, and grows the tree with
 the builder the spec names; `probe_batch` times one expansion call for the profile.
+
+`grow(should_stop)` runs while the target verifies the tree a best-first round returned (SpecExec's
+way of using the target's time): it expands the best unexpanded nodes of that round's search, in
+small batches, until told to stop or the planned tree size is reached. The node the target ends on
+(its bonus token) is then often an expanded node, and the next round starts from the search
+re-rooted there (`DraftKV.sync(context, carry_k)`). Only top-k (not sampled) searches are carried:
+the tree of a round is still chosen from the drafter's distributions alone, so every verification
+rule stays exact.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -17,6 +25,8 @@ from ondevice.draft.search_tree import SearchTree
 from ondevice.errors import OndeviceError
 from ondevice.protocols import MAX_BUDGET, MODEL_BUILDERS, DraftSpec
 from ondevice.tree import DraftTree
+
+GROW_BATCH = 8  # nodes per expansion while the target verifies: a small batch stops soon after the pass
 
 
 def check_spec(spec: DraftSpec) -> None:
@@ -30,6 +40,11 @@ def check_spec(spec: DraftSpec) -> None:
         raise OndeviceError(f"the temperature must be >= 0, not {spec.temperature}.")
 
 
+def carries_search(spec: DraftSpec) -> bool:
+    """A top-k best-first search (not children sampled for Sequoia) can be carried to the next round."""
+    return spec.builder == "best-first" and not (spec.sample_children and spec.temperature > 0)
+
+
 class ModelDrafter:
     """The Drafter protocol over a backend's `cache`; subclasses set cache, n_ctx, n_vocab, max_batch
     (and call `limit_vocab` when the target's vocabulary is shorter)."""
@@ -41,6 +56,8 @@ class ModelDrafter:
     max_batch: int
     max_tree: int = MAX_BUDGET  # the biggest tree its buffers are sized for (the memory plan)
     batch_spread: float = BATCH_SPREAD
+    last_round: Round | None = None  # the last best-first round, whose search `grow` extends
+    carried_fraction = 0.0  # the last draft: share of its tree's expansions carried from the last search
 
     def limit_vocab(self, target_vocab: int | None) -> None:
         """target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
@@ -60,9 +77,18 @@ class ModelDrafter:
                 f"the drafter holds 1 to {self.n_ctx} context tokens, got {len(context)}; "
                 "start a new chat or raise the context size."
             )
+        self.last_round, self.carried_fraction = None, 0.0
         if max(context) >= self.n_vocab:  # the target committed an id the drafter has no row for
             return DraftTree.root_only(int(context[-1]))
-        root_logits = self.cache.sync(context)
+        top_k = carries_search(spec)
+        root_logits = self.cache.sync(context, min(spec.budget, self.n_vocab) if top_k else 0)
+        if root_logits is None:  # the last search, re-rooted here: its root is expanded already
+            r = self.last_round = Round(spec, int(context[-1]), self.expander, position=len(context), tree=self.cache.carried)
+            carried = {n for n, done in enumerate(r.tree.expanded) if done}
+            tree = build_best_first(r, None, self.max_batch, self.batch_spread)
+            used = len(carried & {0, *r.tree.best(spec.budget, spec.max_depth)})
+            self.carried_fraction = used / (used + r.expansions)
+            return tree
         if self.expander is not self.cache:
             root_logits = self.expander.mask(root_logits)
         r = Round(spec, int(context[-1]), self.expander, position=len(context))
@@ -71,7 +97,38 @@ class ModelDrafter:
             return build_chain(r, root_logp)
         if spec.builder == "multi-seq":
             return build_multi_seq(r, root_logp)
+        self.last_round = r if top_k else None
         return build_best_first(r, root_logp, self.max_batch, self.batch_spread)
+
+    def grows(self, spec: DraftSpec) -> bool:
+        """Whether `grow` can extend this spec's search (and the next round carry it)."""
+        return carries_search(spec) and getattr(self.cache, "carries", False)
+
+    def grow(self, should_stop: Callable[[], bool]) -> int:
+        """Expand the best unexpanded nodes of the last best-first search until should_stop() or the
+        planned tree size (memory plan) is reached; returns how many were expanded. Meant to run
+        while the target verifies the tree that search gave (see the module docstring)."""
+        r = self.last_round
+        if r is None or not getattr(self.cache, "carries", False):
+            return 0
+        # One thread: llama.cpp's OpenMP team is per calling thread, and with more OpenMP threads than
+        # cores libgomp cuts every team's spinning short — all decodes then ran ~25% slower.
+        ctx = self.cache.ctx
+        ctx.set_threads(1)
+        grown = 0
+        try:
+            while not should_stop():
+                alive = self.cache.expanded()
+                room = min(GROW_BATCH, self.expander.free_capacity(), self.max_tree - len(alive))
+                frontier = r.tree.unexpanded(room, alive) if room > 0 else []
+                if not frontier:
+                    break
+                for node, logp in zip(frontier, r.expand(frontier)):
+                    r.add(node, logp, r.tree.k)  # all k children: the next round may be rooted anywhere
+                grown += len(frontier)
+        finally:
+            ctx.set_threads(ctx.threads)
+        return grown
 
     def probe_batch(self, n: int) -> None:
         """Draft n nodes as the builders would (siblings, each on its own branch; more than max_batch

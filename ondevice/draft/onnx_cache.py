@@ -46,7 +46,10 @@ class OnnxDraftKV:
         return logits if self.to_full is None else self.to_full(logits)
 
     # --- sync -----------------------------------------------------------------------------------
-    def sync(self, context: Sequence[int]) -> np.ndarray:
+    carries = False  # a search is not carried over rounds (its slots would move): carry_k is ignored
+    carried = None
+
+    def sync(self, context: Sequence[int], carry_k: int = 0) -> np.ndarray:
         """Hold `context` and return the logits (vocab,) after its last token."""
         context = [int(t) for t in context]
         self._keep_accepted_nodes(context)

@@ -29,6 +29,17 @@ class DraftRouter:
             raise OndeviceError(f"the {spec.builder} tree needs the drafter model, which is not loaded; use --tree lookup.")
         return self.model.draft(context, spec)
 
+    def grows(self, spec: DraftSpec) -> bool:
+        """Whether the drafter model can grow this round's search while the target verifies it."""
+        return spec.builder in MODEL_BUILDERS and self.model is not None and getattr(self.model, "grows", lambda s: False)(spec)
+
+    def grow(self, should_stop) -> int:
+        return self.model.grow(should_stop)
+
+    @property
+    def carried_fraction(self) -> float:
+        return getattr(self.model, "carried_fraction", 0.0)
+
     def close(self) -> None:
         if hasattr(self.model, "close"):
             self.model.close()

@@ -6,6 +6,12 @@ log-prob; for children sampled without replacement the score is made non-increas
 (see `sampled_children`), so whatever subset a builder keeps is a prefix of each node's draws, as
 Sequoia's verification rule requires. `to_draft_tree` turns a kept, ancestor-closed subset into the
 `DraftTree` the target verifies, in creation order (parents before children, siblings in draw order).
+
+A top-k node keeps the k most likely children it was expanded with (`candidates`), of which a
+builder adds only those that can still enter its top `budget`. `subtree` re-roots the search at a
+node the target went on to (the next round's root, SpecExec's tree reuse): its expanded nodes keep
+their distributions and get all their k candidates back, so the next round expands only what the
+last one did not.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class SearchTree:
         self.scores: list[float] = [0.0]  # ranking score (== logprobs unless children were sampled)
         self.expanded: list[bool] = [False]  # has the drafter computed this node's next-token distribution?
         self.q: dict[int, np.ndarray] = {}  # expanded node -> tempered draft probs over the vocabulary
+        self.k = 0  # top-k drafting: how many children each expanded node knows (0: sampled, or not set)
+        self.candidates: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # expanded node -> top-k (tokens, step log-probs)
+        self.n_added: dict[int, int] = {}  # expanded node -> how many of its candidates are children
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -93,10 +102,56 @@ class SearchTree:
             self.expanded.append(False)
         return new
 
-    def best(self, n: int) -> list[int]:
-        """The n best non-root nodes by score (ties: older first), best first."""
+    def add_candidates(self, parent: int, min_score: float = -np.inf) -> list[int]:
+        """Add the parent's next candidates (best first) that score above min_score."""
+        tokens, steps = self.candidates[parent]
+        start = self.n_added[parent]
+        new = self.add_children(parent, tokens[start:], steps[start:], min_score=min_score)
+        self.n_added[parent] = start + len(new)
+        return new
+
+    def unexpanded(self, n: int, alive) -> list[int]:
+        """The n best-scoring nodes not expanded yet whose parent is in `alive` (best first)."""
+        ids = [i for i in range(1, len(self.tokens)) if not self.expanded[i] and self.parents[i] in alive]
+        ids.sort(key=lambda i: (-self.scores[i], i))
+        return ids[:n]
+
+    def subtree(self, root: int, expanded: set[int]) -> tuple["SearchTree", dict[int, int]]:
+        """The search re-rooted at `root` (which must be in `expanded`): the nodes below it whose
+        parents are in `expanded` (the expanded nodes still usable: their KV is cached), log-probs
+        and scores counted from the new root, every usable expanded node with all its top-k
+        candidates as children. Returns the tree and old id -> new id."""
+        new = SearchTree(self.tokens[root])
+        new.k = self.k
+        new_id = {root: 0}
+        for old in range(root + 1, len(self.tokens)):  # children come after their parents
+            parent = self.parents[old]
+            if parent in new_id and parent in expanded:
+                new_id[old] = len(new.tokens)
+                new.tokens.append(self.tokens[old])
+                new.parents.append(new_id[parent])
+                new.depths.append(self.depths[old] - self.depths[root])
+                new.logprobs.append(self.logprobs[old] - self.logprobs[root])
+                new.scores.append(self.scores[old] - self.scores[root])
+                new.expanded.append(False)
+        for old, node in new_id.items():
+            if old in expanded:
+                new.expanded[node] = True
+                new.candidates[node], new.n_added[node] = self.candidates[old], self.n_added[old]
+                if old in self.q:
+                    new.q[node] = self.q[old]
+        for node in list(new.candidates):
+            new.add_candidates(node)
+        return new, new_id
+
+    def best(self, n: int, max_depth: int | None = None) -> list[int]:
+        """The n best non-root nodes by score (ties: older first), best first; none deeper than
+        max_depth (a carried search may hold deeper nodes)."""
         scores = np.asarray(self.scores[1:])
         ids = np.arange(1, len(self.scores))
+        if max_depth is not None:
+            shallow = np.asarray(self.depths[1:]) <= max_depth
+            scores, ids = scores[shallow], ids[shallow]
         if n < len(ids):
             cut = np.argpartition(-scores, n - 1)[:n]
             # argpartition may split a tie at the cut arbitrarily: take every node scoring >= the cut

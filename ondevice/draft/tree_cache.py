@@ -13,6 +13,12 @@ Many nodes of one batch go to one `llama_decode`. When the builder prunes nodes,
 their path sequences (cells no sequence holds are freed, ids return to the pool). On the next
 `sync(context)` the cache keeps the longest common prefix, including the nodes of the last tree that
 the context went on with (their cells move onto sequence 0: accepted nodes are never re-decoded).
+
+`sync(context, carry_k)` goes further when the whole new part of the context, its last token
+included, spells expanded nodes of the last search (the target accepted a path and its bonus token
+is a node the drafter expanded, e.g. while the target verified, `ModelDrafter.grow`): the search is
+re-rooted there (`carried`) and the path sequences below the new root keep their cells — they
+already hold the new context plus their path, at the right positions — so nothing is decoded again.
 """
 
 from __future__ import annotations
@@ -29,10 +35,13 @@ MAIN_SEQ = 0
 
 
 class DraftKV:
+    carries = True  # sync can carry the last search over to the next round
+
     def __init__(self, ctx: LlamaContext):
         self.ctx = ctx
         self.tokens: list[int] = []  # what sequence 0 holds, position i = tokens[i]
         self.tree: SearchTree | None = None  # the tree grown since the last sync
+        self.carried: SearchTree | None = None  # the last sync's re-rooted search, if it carried one
         self.path_end: dict[int, int] = {}  # path sequence id -> the node its path ends at
         self.node_seq: dict[int, int] = {}  # node with a KV cell -> one path sequence holding it
         self.free_seqs: list[int] = []  # unused sequence ids
@@ -48,10 +57,15 @@ class DraftKV:
         return len(self.free_seqs)
 
     # --- sync ---------------------------------------------------------------------------------
-    def sync(self, context: Sequence[int]) -> np.ndarray:
-        """Make sequence 0 hold `context` and return the root's (context[-1]'s) logits row (a view)."""
+    def sync(self, context: Sequence[int], carry_k: int = 0) -> np.ndarray | None:
+        """Make sequence 0 hold `context` and return the root's (context[-1]'s) logits row (a view);
+        None when carry_k > 0 and the last search, built with top-`carry_k` children, is carried
+        (re-rooted at context[-1]: `self.carried`)."""
         context = [int(t) for t in context]
+        self.carried = None
         try:
+            if carry_k and self._carry(context, carry_k):
+                return None
             self._keep_accepted_nodes(context)
             self._drop_branches()
             n_keep = min(common_prefix(self.tokens, context), len(context) - 1)
@@ -74,13 +88,42 @@ class DraftKV:
             self.ctx.seq_cp(self.node_seq[kept[-1]], MAIN_SEQ, start, start + len(kept))
             self.tokens.extend(tree.tokens[n] for n in kept)
 
+    def _carry(self, context: list[int], k: int) -> bool:
+        """Re-root the last search at context[-1] if the new tokens are all expanded nodes of it."""
+        tree = self.tree
+        if tree is None or tree.k != k or len(context) <= len(self.tokens) or common_prefix(self.tokens, context) < len(self.tokens):
+            return False
+        path = tree.follow(self.node_seq, context[len(self.tokens) :])
+        if len(path) != len(context) - len(self.tokens):
+            return False
+        root, start = path[-1], len(self.tokens)
+        self.ctx.seq_cp(self.node_seq[root], MAIN_SEQ, start, start + len(path))
+        self.tokens.extend(context[start:])
+        carried, new_id = tree.subtree(root, set(self.node_seq))
+        path_end = {}
+        for seq, end in self.path_end.items():  # a path ending at or above the new root is on sequence 0 now
+            if end != root and end in new_id:
+                path_end[seq] = new_id[end]
+            else:
+                self.ctx.seq_rm(seq, -1, -1)
+        self.path_end = path_end
+        self.node_seq = {new_id[n]: seq for n, seq in self.node_seq.items() if n in new_id and n != root}
+        self.free_seqs = [s for s in range(self.ctx.n_seq_max - 1, MAIN_SEQ, -1) if s not in path_end]
+        self.tree = self.carried = carried
+        self.last_sync_decoded = 0
+        return True
+
+    def expanded(self) -> set[int]:
+        """The root and the nodes of the current search whose KV cells are cached."""
+        return {0, *self.node_seq}
+
     def _drop_branches(self) -> None:
         for seq in self.path_end:
             self.ctx.seq_rm(seq, -1, -1)
         self._forget_branches()
 
     def _forget_branches(self) -> None:
-        self.path_end, self.node_seq, self.tree = {}, {}, None
+        self.path_end, self.node_seq, self.tree, self.carried = {}, {}, None, None
         self.free_seqs = list(range(self.ctx.n_seq_max - 1, MAIN_SEQ, -1))
 
     def _append(self, tokens: list[int]) -> np.ndarray:

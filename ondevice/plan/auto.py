@@ -53,6 +53,7 @@ class AutoPlanner:
         self.plan: Plan | None = None
         memory = getattr(backends, "memory", None)  # a ProfileBackends; tests pass lighter stand-ins
         self.streams = memory is not None and memory.streams
+        self.overlap_possible = getattr(backends, "overlap_possible", self.profile.overlap_possible)  # this setup's, not the saved one's
         max_tree = getattr(backends, "max_tree", CPU_MAX_TREE)
         self.pass_times = PassTimes(upto(self.profile.curves.target, max_tree), streams=self.streams)
         self.guesses_hit = self.guesses_expected = 0.0  # overlap: trees drafted during a pass that were used, and predicted
@@ -74,7 +75,7 @@ class AutoPlanner:
         curves = self.curves
         self._planned_curve = np.asarray(curves.target.seconds)
         self.plan = choose_plan(
-            curves, self.tracker.p_rank, self.profile.overlap_possible, overhead_per_pass=self.overhead_per_pass,
+            curves, self.tracker.p_rank, self.overlap_possible, overhead_per_pass=self.overhead_per_pass,
             hit_scale=self.hit_scale, overlap_scale=self.overlap_scale,
         )
         if self.plan.budget == 0:
@@ -84,7 +85,7 @@ class AutoPlanner:
     def predict(self, builder: str, budget: int) -> Plan | None:
         """What the same model predicts for a fixed configuration (bench shows it next to the measurement)."""
         curves = self.curves
-        return predict(curves, self.tracker.p_rank, builder, budget, self.profile.overlap_possible,
+        return predict(curves, self.tracker.p_rank, builder, budget, self.overlap_possible,
                        overhead_per_pass=self.overhead_per_pass, hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
 
     def spec(self, sampling: Sampling) -> DraftSpec | None:
