@@ -6,17 +6,12 @@ scored one by one by a LlamaTarget on the same tiny GGUF), and a fresh draft of 
 
 from __future__ import annotations
 
-import heapq
-
-import numpy as np
 import pytest
-from scipy.special import log_softmax
 
 from ondevice.draft.builders import Round, build_best_first
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from test_llama_drafter import MarkovLM, exact_top_nodes, token_paths
+from test_llama_drafter import MarkovLM, exact_top_nodes, scored_top_paths, token_paths
 from tiny_models import write_tiny_gguf
 
 
@@ -106,28 +101,11 @@ def grown_context(drafter: LlamaDrafter, context: list[int], spec: DraftSpec, ba
 
 
 def test_carried_draft_equals_exhaustive_search_scored_by_the_target(drafter, tiny_path):
-    from ondevice.target.llama_target import LlamaTarget
-
     spec = DraftSpec("best-first", 30, temperature=5.0)
     context, _ = grown_context(drafter, [3, 1, 4, 1, 5], spec, batches=3)
     tree = drafter.draft(context, spec)
     assert drafter.cache.last_sync_decoded == 0 and drafter.carried_fraction > 0  # nothing decoded again
-    scorer = LlamaTarget(tiny_path, n_ctx=256, threads=1)
-    scorer.prefill(context[:-1])
-
-    def logp(path: tuple[int, ...]) -> np.ndarray:
-        logits = scorer.forward_tree(DraftTree.chain(context[-1], list(path)))[-1]
-        return log_softmax(logits.astype(np.float64) / spec.temperature)
-
-    heap, best, count = [(0.0, 0, ())], [], 1
-    while len(best) < spec.budget + 1:
-        neg_lp, _, path = heapq.heappop(heap)
-        best.append(path)
-        for token, step in enumerate(logp(path)):
-            heapq.heappush(heap, (neg_lp - step, count, path + (token,)))
-            count += 1
-    assert token_paths(tree) == set(best[1:])
-    scorer.close()
+    assert token_paths(tree) == scored_top_paths(tiny_path, context, spec.budget, spec.temperature)
 
 
 def test_carried_cache_matches_a_fresh_one(drafter):

@@ -194,12 +194,18 @@ def test_next_round_keeps_the_accepted_nodes(tiny_drafter, builder):
 def test_best_first_on_llama_cpp_equals_exhaustive_search(tiny_drafter, tiny_path):
     """Branches on many path sequences, pruned and released between batches, still give exactly the
     most likely nodes, scored independently by a LlamaTarget decoding each path."""
-    from ondevice.target.llama_target import LlamaTarget
-
     context, budget, temperature = [3, 1, 4, 1, 5], 60, 5.0
     tree = tiny_drafter.draft(context, DraftSpec(builder="best-first", budget=budget, temperature=temperature))
     assert len(tree.leaves()) > 10 and tree.depths.max() > 3  # a real tree, not a chain or a star
-    scorer = LlamaTarget(tiny_path, n_ctx=256, threads=1)
+    assert token_paths(tree) == scored_top_paths(tiny_path, context, budget, temperature)
+
+
+def scored_top_paths(model_path, context: list[int], budget: int, temperature: float) -> set[tuple[int, ...]]:
+    """The `budget` most likely token paths after `context`, each path scored by a LlamaTarget
+    decoding it (the independent reference for the drafter's best-first search)."""
+    from ondevice.target.llama_target import LlamaTarget
+
+    scorer = LlamaTarget(model_path, n_ctx=256, threads=1)
     scorer.prefill(context[:-1])
 
     def logp(path: tuple[int, ...]) -> np.ndarray:
@@ -213,7 +219,8 @@ def test_best_first_on_llama_cpp_equals_exhaustive_search(tiny_drafter, tiny_pat
         for token, step in enumerate(logp(path)):
             heapq.heappush(heap, (neg_lp - step, count, path + (token,)))
             count += 1
-    assert token_paths(tree) == set(best[1:])
+    scorer.close()
+    return set(best[1:])
 
 
 def test_release_cuts_branches_and_later_expansions_still_see_their_path(tiny_drafter, tiny_path):

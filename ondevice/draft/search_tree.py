@@ -31,9 +31,9 @@ def log_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
     return scaled
 
 
-def top_children(logp: np.ndarray, k: int, floor: float = -np.inf) -> tuple[np.ndarray, np.ndarray]:
-    """The k most likely tokens of one (vocab,) log-prob row with log-prob > floor, most likely first."""
-    ids = np.flatnonzero(logp > floor) if floor > -np.inf else np.arange(len(logp))
+def top_children(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely tokens of one (vocab,) log-prob row, most likely first."""
+    ids = np.arange(len(logp))
     if k < len(ids):
         ids = ids[np.argpartition(-logp[ids], k - 1)[:k]]
     ids = ids[np.lexsort((ids, -logp[ids]))]  # by log-prob, ties by token id
