@@ -276,7 +276,9 @@ def _load_drafter(backend: str, path, opts: LoadOptions, threads: int, target_vo
 def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str, str]:
     """(target backend, drafter backend): what was asked for, else the fastest pair this machine has
     measured for the pair (plan/backends.py, from the saved profile), else llama.cpp on a CPU and
-    torch on a GPU. `ondevice profile` measures every backend, so auto can choose after it."""
+    torch on a GPU. `ondevice profile` measures every backend, so auto can choose after it. Where the
+    target streams from disk the drafter decides the speed, so there the drafters are measured
+    (each alone, before anything is loaded) and the faster one drafts."""
     target = None if opts.target_backend == "auto" else opts.target_backend
     drafter = None if opts.drafter_backend == "auto" else opts.drafter_backend
     if target is None and pick_backend("auto") == "torch":
@@ -284,11 +286,16 @@ def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str,
     if target is None or drafter is None:
         from ondevice.plan.acceptance import AcceptanceTracker
         from ondevice.plan.backends import best_backends
-        from ondevice.plan.profile import load_profile
+        from ondevice.plan.profile import get_profile, load_profile
         from ondevice.plan.hardware import machine_facts
         from ondevice.paths import home
 
-        saved = load_profile(machine_facts(home()), _profile_backends(models, target or "llama", drafter or "llama", threads, opts))
+        planned = (target or "llama", drafter or "llama")
+        backends = _profile_backends(models, *planned, threads, opts, memory=memory_plan(models, opts, *planned))
+        if drafter is None and models.drafter is not None and backends.memory is not None and backends.memory.streams:
+            saved, _ = get_profile(backends, compare=True)
+        else:
+            saved = load_profile(machine_facts(home()), backends)
         choice = best_backends(saved, AcceptanceTracker.load(models.name).p_rank, target, drafter)
         if choice is not None:
             target, drafter = target or choice.target, drafter or choice.drafter
@@ -398,8 +405,8 @@ def _profile_backends(models: Models, target: str, drafter: str, threads: int, o
     others_d = {} if models.drafter is None else {
         name: (lambda name=name: _load_drafter(name, models.drafter, opts, threads).probe_batch) for name in CPU_BACKENDS if name != drafter
     }  # fmt: skip
-    if streams:  # the other backends would not run within the plan: only the loaded ones are measured
-        others_t, others_d = {}, {}
+    if streams:  # another target would not run within the plan; another drafter is measured alone (pick_backends)
+        others_t = {}
     sized_drafter = lambda: _load_drafter(drafter, models.drafter, opts, threads, memory=memory).probe_batch  # noqa: E731
     return ProfileBackends(
         pair=models.name, backend=backend_label(target, threads), model_files=files,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ class TerminalChat:
     def __init__(self, *args: str):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal, stdin/stdout/stderr
-            os.execvpe(sys.executable, [sys.executable, "-m", "ondevice", "chat", *args], {**os.environ, "PYTHONIOENCODING": "utf-8"})
+            os.execvpe(sys.executable, [sys.executable, "-m", "ondevice", "chat", *args], {**os.environ, "PYTHONIOENCODING": "utf-8", "PYTHONFAULTHANDLER": "1"})
         self.output = b""
 
     def read_until(self, marker: bytes, start: int = 0, timeout: float = 120) -> int:
@@ -68,8 +69,11 @@ class TerminalChat:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 return os.waitstatus_to_exitcode(status)
+        os.kill(self.pid, signal.SIGABRT)  # faulthandler prints every thread's stack: where it hung
+        time.sleep(2)
+        self._read(1)
         os.kill(self.pid, 9)
-        raise AssertionError("the chat did not exit")
+        raise AssertionError(f"the chat did not exit; it printed:\n{self.output.decode(errors='replace')[-6000:]}")
 
 
 def reference(messages: list[dict], max_tokens: int, n_ctx: int) -> str:

@@ -5,13 +5,18 @@ placement, the footprint and the bytes read per pass."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import ondevice
 from ondevice import pipeline
-from ondevice.plan import ram
+from ondevice.plan import memory, profile as profile_store, ram
+from ondevice.plan.hardware import Bandwidths, LatencyCurve, machine_facts, measure_ram_bandwidth
 from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
+from ondevice.plan.profile import Profile, save_profile
 from ondevice.protocols import DraftSpec
+from ondevice.verify import Sampling
 from tiny_models import write_tiny_pair
 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
@@ -24,6 +29,17 @@ def tiny_home(tmp_path, monkeypatch):
     return tmp_path
 
 
+def stream_tiny_target(home, monkeypatch) -> None:
+    """A RAM budget that holds everything but the tiny target's weights: it must stream. The
+    process counts as 200 MB throughout (its real size moves as models are measured and freed)."""
+    monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
+    models = home / "models"
+    target, drafter = ModelSize.from_gguf(models / "tiny-target.gguf"), ModelSize.from_gguf(models / "tiny-drafter.gguf")
+    fits = plan_memory(target, drafter, n_ctx=256)
+    budget = fits.resident_bytes + target.working_bytes + MARGIN - 1
+    monkeypatch.setattr(pipeline, "ram_budget", lambda: ram.RamBudget(budget, "test"))
+
+
 def answer(pipe, spec):
     records = list(pipe.stream(MESSAGES, max_tokens=24, spec=spec))
     return [t for r in records for t in r.token_ids], records[-1].stats
@@ -34,13 +50,8 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
     with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=256) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.window is None
         in_ram, _ = answer(pipe, spec)
-    # a budget that holds everything but the target's weights: it must stream
-    models = tiny_home / "models"
-    target, drafter = ModelSize.from_gguf(models / "tiny-target.gguf"), ModelSize.from_gguf(models / "tiny-drafter.gguf")
-    fits = plan_memory(target, drafter, n_ctx=256)
-    budget = fits.resident_bytes + target.working_bytes + MARGIN - 1
-    monkeypatch.setattr(pipeline, "ram_budget", lambda: ram.RamBudget(budget, "test"))
-    with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=256) as pipe:
+    stream_tiny_target(tiny_home, monkeypatch)
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
         assert pipe.memory.streams and pipe.memory.sizes.max_tree <= 64
         assert pipe.engine.target.window is not None and pipe.engine.drafter.model.model.resident
         assert "streams from disk" in pipe.placement
@@ -49,3 +60,32 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
     assert streamed == in_ram
     assert report["placement"]["placement"] == "disk" and report["bytes_streamed_per_pass"] > 0
     assert report["peak_rss_bytes"] > 0 and "bytes_read_per_pass" in report
+
+
+def curve(points: dict[int, float]) -> LatencyCurve:
+    return LatencyCurve(tuple(points), tuple(points.values()))
+
+
+DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 1.02})  # a streamed pass: the disk dominates
+SLOW_DRAFT, FAST_DRAFT = curve({1: 0.016, 8: 0.085, 16: 0.115, 64: 0.45}), curve({1: 0.008, 8: 0.030, 16: 0.045, 64: 0.15})
+
+
+def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(tiny_home, monkeypatch):
+    monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
+    stream_tiny_target(tiny_home, monkeypatch)
+    opts = pipeline.LoadOptions(pair="tiny", threads=1, n_ctx=256)
+    models = pipeline.choose("tiny", None, None, True)
+    pipeline.pick_backends(opts, models, threads=1)  # nothing saved: measures the streamed target, then each drafter
+    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    measured = Profile.from_dict(json.loads(path.read_text()))
+    assert set(measured.targets) == {"llama"} and set(measured.drafters) == {"llama", "onnx"}
+    assert measured.target_placement == "disk"
+    for faster in ("onnx", "llama"):  # the choice follows the curves, timing-free: written, not measured
+        measured.targets = {"llama": DISK_BOUND}
+        measured.drafters = {"llama": FAST_DRAFT if faster == "llama" else SLOW_DRAFT, "onnx": FAST_DRAFT if faster == "onnx" else SLOW_DRAFT}
+        measured.curves = measured.curves_for("llama", faster)
+        save_profile(measured)
+        with ondevice.load("tiny", threads=1, n_ctx=256) as pipe:
+            assert pipe.memory.streams and pipe.info["drafter_backend"] == faster and pipe.target_backend == "llama"
+            spec = pipe.resolve(DraftSpec("auto", 0), Sampling())
+            assert spec is not None and spec.builder != "lookup"  # a flat, disk-bound curve: the drafter drafts

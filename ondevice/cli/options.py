@@ -46,7 +46,7 @@ DrafterModel = Annotated[
 ]
 NoDraft = Annotated[bool, typer.Option("--no-draft", help="Target alone: same code path, no drafter.")]
 TargetBackend = Annotated[str, typer.Option("--target-backend", help="llama (llama.cpp), onnx (ONNX Runtime, CPU: 4/8-bit MatMulNBits, fast on batched passes), torch (our PyTorch model; GPU offload), or auto: the fastest this machine measured (`ondevice profile`), else llama on a CPU, torch on a GPU.")]
-DrafterBackend = Annotated[str, typer.Option("--drafter-backend", help="llama (llama.cpp) or onnx (ONNX Runtime) for the drafter, or auto: the fastest this machine measured (`ondevice profile`), else llama.")]
+DrafterBackend = Annotated[str, typer.Option("--drafter-backend", help="llama (llama.cpp) or onnx (ONNX Runtime) for the drafter, or auto: the fastest this machine measured (`ondevice profile`; when the target streams from disk both are measured on first use), else llama.")]
 VocabTrim = Annotated[bool, typer.Option("--vocab-trim/--no-vocab-trim", help="Draft with the trimmed-vocabulary drafter when one is built.")]
 GpuMemory = Annotated[Optional[str], typer.Option("--gpu-memory", help="GPU memory budget for the target, e.g. 6GiB (default: free minus a margin).")]
 RamMemory = Annotated[Optional[str], typer.Option("--ram-memory", help="RAM budget for the target, e.g. 8GiB; what does not fit streams from disk (with a GPU: the pinned RAM for layers streamed to it).")]

@@ -55,7 +55,9 @@ class AutoPlanner:
         self.streams = memory is not None and memory.streams
         self.overlap_possible = getattr(backends, "overlap_possible", self.profile.overlap_possible)  # this setup's, not the saved one's
         max_tree = getattr(backends, "max_tree", CPU_MAX_TREE)
-        self.pass_times = PassTimes(upto(self.profile.curves.target, max_tree), streams=self.streams)
+        # a slowdown is the disk's (δ) only where the profile did not stream: one measured streaming has it in t(n)
+        disk_missing = self.streams and getattr(self.profile, "target_placement", "ram") != "disk"
+        self.pass_times = PassTimes(upto(self.profile.curves.target, max_tree), streams=disk_missing)
         self.guesses_hit = self.guesses_expected = 0.0  # overlap: trees drafted during a pass that were used, and predicted
         self.overlap_scale = 1.0  # overlapped rounds: measured / predicted seconds
         self._planned_curve: np.ndarray | None = None  # the target curve the current plan was chosen with

@@ -12,7 +12,6 @@ when it is first needed and added. `curves` are those of the backends the pipeli
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from ondevice.plan.hardware import (
 )
 from ondevice.errors import OndeviceError
 from ondevice.paths import home, write_json
+from ondevice.plan.ram import return_freed_memory
 from ondevice.protocols import MAX_BUDGET
 
 FORMAT_VERSION = 2  # 2: curves of every backend measured
@@ -169,14 +169,14 @@ def measure_backends(profile: Profile, backends: ProfileBackends, show: bool, co
             profile.targets[name] = measure_target_curve(target, ns, context_tokens, show=show, label=f"target pass vs tokens ({name})")
             measured = True
         target = None  # one model in memory at a time (the loaded one stays with the pipeline)
-        gc.collect()
+        return_freed_memory()
     for name, make_decode_batch in drafters.items():
         if name in profile.drafters or f"drafter {name}" in profile.skipped:
             continue
         with _skipping(profile, f"drafter {name}"):
             profile.drafters[name] = measure_drafter_curve(make_decode_batch(), show=show, label=f"draft call vs batch ({name})")
             measured = True
-        gc.collect()
+        return_freed_memory()
     return measured
 
 

@@ -186,3 +186,17 @@ def disk_read_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed by models measured and dropped back to the OS (glibc keeps freed heap in
+    its arenas: after a drafter was loaded, timed and freed, 200 MB of it still counted as this
+    process's), so a memory plan made next sees what the process really holds."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
