@@ -18,7 +18,7 @@ from ondevice.plan.hardware import (
     measure_drafter_curve,
     measure_ram_bandwidth,
     measure_target_curve,
-    powers_of_two,
+    pass_sizes,
 )
 from ondevice.plan.profile import ProfileBackends, get_profile
 from ondevice.tree import DraftTree
@@ -104,7 +104,7 @@ def test_target_curve_measures_chains_and_restores_the_cache():
     target = SleepyTarget(n_ctx=200)
     target.prefill([7, 8, 9])
     curve = measure_target_curve(target, context_tokens=64, repeats=1, show=False)
-    assert curve.ns == (1, 2, 4, 8, 16, 32, 64, 128)  # capped by the room left: 200 − 3 − 64
+    assert curve.ns == (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129)  # 2^k and 2^k + 1, capped by the room left: 200 − 3 − 64
     assert all(t > 0.001 for t in curve.seconds)
     assert curve(128) > curve(1)
     assert target.cache == [7, 8, 9]
@@ -139,7 +139,7 @@ def test_profile_is_saved_reused_and_redone(tmp_path, monkeypatch):
     backends = fake_backends(model_file, builds)
     first, reused = get_profile(backends, show=False)
     assert not reused and len(builds) == 1 and first.bandwidths.disk_read > 0
-    assert first.curves.target.ns == (1, 2, 4, 8, 16, 32)
+    assert first.curves.target.ns == (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)
     again, reused = get_profile(backends, show=False)
     assert reused and len(builds) == 1 and again.curves == first.curves
     _, reused = get_profile(backends, refresh=True, show=False)
@@ -163,4 +163,4 @@ def test_profile_command_prints_tables_and_json(tmp_path, monkeypatch):
     show_profile(backends, as_json=True, out=Console(file=text, width=200))
     record = json.loads(text.getvalue())
     assert record["reused"] and record["pair"] == "fake-pair"
-    assert record["curves"]["target"]["ns"] == list(powers_of_two(32)) and "plan" in record
+    assert record["curves"]["target"]["ns"] == list(pass_sizes(32)) and "plan" in record

@@ -107,6 +107,18 @@ def test_steep_cpu_target_gets_a_small_tree_or_none():
     assert plan.budget <= 4
 
 
+# the default pair's target streamed on a 2-core AVX2 VM: llama.cpp's batched kernels work in tiles
+# of 8/16 tokens, so a pass costs a step function of its size (2^k and 2^k + 1 timed, as profiles do)
+STEPPED = curve({1: 0.55, 2: 0.58, 3: 0.61, 4: 0.64, 5: 0.67, 8: 0.92, 9: 0.93, 16: 0.94, 17: 1.16, 32: 1.20, 33: 1.44, 64: 1.77})
+
+
+def test_a_stepped_target_fills_a_pass_to_the_tile_edge():
+    drafter = curve({b: 0.015 + 0.006 * b for b in powers_of_two(128)})
+    plan = choose_plan(Curves(STEPPED, drafter), [0.9, 0.05, 0.02, 0.01], overlap_possible=False)
+    assert plan.budget + 1 in (8, 16, 32, 64), plan  # one node more would cost a step: 17 nodes are 23% dearer than 16
+    assert plan.predicted_speedup > 2
+
+
 def test_drafter_slower_than_target_falls_back_with_a_reason():
     drafter = curve({1: 0.120, 64: 0.900})
     plan = choose_plan(Curves(LLAMA_CPU_TARGET, drafter), default_p_rank(), overlap_possible=False)

@@ -35,6 +35,10 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.plan.hardware import Curves, powers_of_two
+
+# drafted nodes per pass: 2^k, and 2^k - 1, whose pass (with the root) fills a power of two — the
+# pass sizes a profile times (hardware.pass_sizes); past a tile edge a pass costs a step more
+BUDGETS = tuple(sorted({b for p in powers_of_two(1024) for b in (p - 1, p) if b > 0}))
 from ondevice.plan.sequoia import MAX_DEPTH, chain_tokens_per_pass, sequoia_table
 from ondevice.protocols import DraftSpec
 
@@ -137,7 +141,7 @@ def choose_plan(
     curves: Curves,
     p_rank,
     overlap_possible: bool,
-    budgets: Sequence[int] = powers_of_two(1024),
+    budgets: Sequence[int] = BUDGETS,
     max_depth: int = MAX_DEPTH,
     overhead_per_pass: float = 0.0,
     min_speedup: float = 1.0,

@@ -30,14 +30,14 @@ from ondevice.plan.hardware import (
     measure_pinned_bandwidth,
     measure_ram_bandwidth,
     measure_target_curve,
-    powers_of_two,
+    pass_sizes,
 )
 from ondevice.errors import OndeviceError
 from ondevice.paths import home, write_json
 from ondevice.plan.ram import return_freed_memory
 from ondevice.protocols import MAX_BUDGET
 
-FORMAT_VERSION = 2  # 2: curves of every backend measured
+FORMAT_VERSION = 3  # 2: curves of every backend measured; 3: target passes timed at 2^k and 2^k + 1
 
 
 def file_identity(path: Path, sha256: str | None = None) -> dict:
@@ -165,7 +165,7 @@ def measure_backends(profile: Profile, backends: ProfileBackends, show: bool, co
             continue
         with _skipping(profile, f"target {name}"):
             target = make_target()
-            ns = powers_of_two(min(backends.max_tree, target.n_ctx - context_tokens))
+            ns = pass_sizes(min(backends.max_tree, target.n_ctx - context_tokens))
             profile.targets[name] = measure_target_curve(target, ns, context_tokens, show=show, label=f"target pass vs tokens ({name})")
             measured = True
         target = None  # one model in memory at a time (the loaded one stays with the pipeline)
