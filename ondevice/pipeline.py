@@ -318,8 +318,9 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
     models = choose(opts.pair, opts.target, opts.drafter, opts.draft)  # downloads on first use
     threads = opts.threads or default_threads()
     tokenizer = Tokenizer(models.target)
+    process = anon_rss()  # before pick_backends may measure (and free) models: the plan is the same every run
     backend, drafter_backend = pick_backends(opts, models, threads)
-    memory = memory_plan(models, opts, backend, drafter_backend)
+    memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
     drafter = None
     if models.drafter is not None:
         check_same_vocab(tokenizer, Tokenizer(models.drafter))
@@ -335,7 +336,7 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
                     overlap_choice=opts.overlap)
 
 
-def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend: str = "llama") -> MemoryPlan | None:
+def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend: str = "llama", process_bytes: int | None = None) -> MemoryPlan | None:
     """Where a llama.cpp target lives (RAM or streamed from disk) and how its buffers (and the
     drafter's) are sized, within --ram-memory or the RAM this process may use; None for the torch
     and ONNX targets, which plan their own memory."""
@@ -347,16 +348,16 @@ def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend
     if models.drafter is not None:  # an ONNX drafter is counted as its GGUF (its 4-bit export is smaller)
         head = TrimmedHead.find(models.drafter) if opts.vocab_trim and drafter_backend == "llama" else None
         drafter = ModelSize.from_gguf(head.gguf_path if head else models.drafter)
-    return plan_for(ModelSize.from_gguf(models.target), drafter, opts)
+    return plan_for(ModelSize.from_gguf(models.target), drafter, opts, process_bytes)
 
 
-def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions) -> MemoryPlan:
+def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, process_bytes: int | None = None) -> MemoryPlan:
     """The memory plan for a llama.cpp target and drafter of these sizes, within --ram-memory or the
     RAM this process may use (also for models that exist only as sizes: synthetic, not downloaded)."""
     budget = ram_budget()
     if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
         budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
-    return plan_memory(target, drafter, n_ctx=opts.n_ctx, budget=budget, ahead=WINDOW_AHEAD)
+    return plan_memory(target, drafter, n_ctx=opts.n_ctx, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes)
 
 
 def _with_lookup(drafter, n_vocab: int, draft: bool = True):
@@ -425,5 +426,6 @@ def load_backends(opts: LoadOptions):
     if models.drafter is None:
         raise OndeviceError("`ondevice profile` measures a target and its drafter: pass --drafter FILE.")
     threads = opts.threads or default_threads()
+    process = anon_rss()
     target, drafter = pick_backends(opts, models, threads)
-    return _profile_backends(models, target, drafter, threads, opts, memory=memory_plan(models, opts, target, drafter))
+    return _profile_backends(models, target, drafter, threads, opts, memory=memory_plan(models, opts, target, drafter, process_bytes=process))

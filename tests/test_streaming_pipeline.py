@@ -33,6 +33,7 @@ def stream_tiny_target(home, monkeypatch) -> None:
     """A RAM budget that holds everything but the tiny target's weights: it must stream. The
     process counts as 200 MB throughout (its real size moves as models are measured and freed)."""
     monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
+    monkeypatch.setattr(pipeline, "anon_rss", lambda: 200 << 20)
     models = home / "models"
     target, drafter = ModelSize.from_gguf(models / "tiny-target.gguf"), ModelSize.from_gguf(models / "tiny-drafter.gguf")
     fits = plan_memory(target, drafter, n_ctx=256)
