@@ -6,6 +6,7 @@ placement, the footprint and the bytes read per pass."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -77,6 +78,7 @@ def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(t
     opts = pipeline.LoadOptions(pair="tiny", threads=1, n_ctx=256)
     models = pipeline.choose("tiny", None, None, True)
     pipeline.pick_backends(opts, models, threads=1)  # nothing saved: measures the streamed target, then each drafter
+    assert not [t for t in threading.enumerate() if t.name == "ondevice-page-cache"]  # the measured target is gone
     (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
     measured = Profile.from_dict(json.loads(path.read_text()))
     assert set(measured.targets) == {"llama"} and set(measured.drafters) == {"llama", "onnx"}

@@ -144,6 +144,11 @@ class LlamaTarget:
                 "start a new chat or raise the context size."
             )
 
+    def __del__(self) -> None:
+        window = getattr(self, "window", None)
+        if window is not None:  # dropped unclosed (a target profiled, then freed): end its advising thread
+            window.close()
+
     def close(self) -> None:
         """Free the context and model (again: nothing)."""
         if self.window is not None:
