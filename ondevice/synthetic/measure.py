@@ -29,7 +29,7 @@ from ondevice.sizes import format_bytes
 from ondevice.plan.memory import MemoryPlan, ModelSize, tensor_bytes
 from ondevice.plan.hardware import (
     Bandwidths, LatencyCurve, machine_facts, measure_disk_read, measure_drafter_curve, measure_pinned_bandwidth,
-    measure_ram_bandwidth, measure_target_curve, powers_of_two,
+    measure_ram_bandwidth, measure_target_curve, pass_sizes, powers_of_two,
 )  # fmt: skip
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
 from ondevice.synthetic.quant_mix import file_bytes
@@ -69,8 +69,8 @@ def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> 
     if "cuda" in backend:
         return powers_of_two(MAX_BUDGET), ""
     if memory is not None and memory.sizes.max_tree < CPU_MAX_TREE:
-        return powers_of_two(memory.sizes.max_tree), f"capped at {memory.sizes.max_tree} tokens: the largest tree the memory plan allows here"
-    return powers_of_two(CPU_MAX_TREE), (
+        return pass_sizes(memory.sizes.max_tree), f"capped at {memory.sizes.max_tree} tokens: the largest tree the memory plan allows here"
+    return pass_sizes(CPU_MAX_TREE), (
         f"capped at {CPU_MAX_TREE} tokens on a CPU target: a pass costs about n one-token steps here, "
         "so bigger trees never pay (--budgets to measure others)"
     )
