@@ -13,12 +13,14 @@ import pytest
 import ondevice
 from ondevice import pipeline
 from ondevice.plan import memory, profile as profile_store, ram
-from ondevice.plan.hardware import LatencyCurve, measure_ram_bandwidth
+from ondevice.plan.hardware import measure_ram_bandwidth
 from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
 from ondevice.plan.profile import Profile, save_profile
 from ondevice.protocols import DraftSpec
 from ondevice.verify import Sampling
 from tiny_models import write_tiny_pair
+
+from test_backends import FAST_DRAFT, SLOW_DRAFT, curve
 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 
@@ -64,12 +66,7 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
     assert report["peak_rss_bytes"] > 0 and "bytes_read_per_pass" in report
 
 
-def curve(points: dict[int, float]) -> LatencyCurve:
-    return LatencyCurve(tuple(points), tuple(points.values()))
-
-
 DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 1.02})  # a streamed pass: the disk dominates
-SLOW_DRAFT, FAST_DRAFT = curve({1: 0.016, 8: 0.085, 16: 0.115, 64: 0.45}), curve({1: 0.008, 8: 0.030, 16: 0.045, 64: 0.15})
 
 
 def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(tiny_home, monkeypatch):

@@ -34,13 +34,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.plan.hardware import Curves, powers_of_two
+from ondevice.plan.hardware import Curves, pass_sizes
 from ondevice.plan.sequoia import MAX_DEPTH, chain_tokens_per_pass, sequoia_table
 from ondevice.protocols import DraftSpec
 
-# drafted nodes per pass: 2^k, and 2^k - 1, whose pass (with the root) fills a power of two — the
-# pass sizes a profile times (hardware.pass_sizes); past a tile edge a pass costs a step more
-BUDGETS = tuple(sorted({b for p in powers_of_two(1024) for b in (p - 1, p) if b > 0}))
+# drafted nodes per pass: those whose pass (with the root) is one a profile times — 2^k or 2^k + 1
+# nodes (hardware.pass_sizes): filled to a tile edge, or one past it, priced as measured
+BUDGETS = tuple(n - 1 for n in pass_sizes(1025) if n > 1)
 
 
 @dataclass(frozen=True)

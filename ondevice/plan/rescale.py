@@ -56,8 +56,8 @@ class Bucket:
 
 class PassTimes:
     def __init__(self, base: LatencyCurve, streams: bool = False, alpha: float = ALPHA):
-        """base: the profile's curve; streams: the memory plan says the target streams from disk
-        (an unexplained slowdown is then δ)."""
+        """base: the profile's curve; streams: the target streams from disk but `base` was measured
+        with it in RAM, so the disk is missing from it (an unexplained slowdown is then δ)."""
         self.base = base
         self.streams = streams
         self.alpha = alpha
