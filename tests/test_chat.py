@@ -37,6 +37,8 @@ class TerminalChat:
     def __init__(self, *args: str):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal, stdin/stdout/stderr
+            for sig in (signal.SIGINT, signal.SIGQUIT):  # as in a user's shell: a runner started in the
+                signal.signal(sig, signal.SIG_DFL)  # background without job control hands them down ignored
             os.execvpe(sys.executable, [sys.executable, "-m", "ondevice", "chat", *args], {**os.environ, "PYTHONIOENCODING": "utf-8", "PYTHONFAULTHANDLER": "1"})
         self.output = b""
 
