@@ -6,7 +6,6 @@ placement, the footprint and the bytes read per pass."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
@@ -21,6 +20,7 @@ from ondevice.verify import Sampling
 from tiny_models import write_tiny_pair
 
 from test_backends import FAST_DRAFT, SLOW_DRAFT, curve
+from test_pipeline import left_running, ondevice_threads
 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 
@@ -74,10 +74,9 @@ def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(t
     stream_tiny_target(tiny_home, monkeypatch)
     opts = pipeline.LoadOptions(pair="tiny", threads=1, n_ctx=256)
     models = pipeline.choose("tiny", None, None, True)
-    advisers = lambda: sum(t.name == "ondevice-page-cache" for t in threading.enumerate())  # noqa: E731
-    before = advisers()
+    before = ondevice_threads()
     pipeline.pick_backends(opts, models, threads=1)  # nothing saved: measures the streamed target, then each drafter
-    assert advisers() == before  # the measured target is gone, with its page-cache thread
+    assert left_running(before) == []  # the measured target is gone, with its page-cache thread
     (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
     measured = Profile.from_dict(json.loads(path.read_text()))
     assert set(measured.targets) == {"llama"} and set(measured.drafters) == {"llama", "onnx"}
