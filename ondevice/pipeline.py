@@ -21,7 +21,7 @@ from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.plan.hardware import cuda_available, default_threads, physical_cores
-from ondevice.plan.memory import MemoryPlan, ModelSize, plan_memory
+from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
 from ondevice.plan.ram import RamBudget, anon_rss, disk_read_bytes, peak_rss, ram_budget
 from ondevice.target.page_cache import WINDOW_AHEAD
 from ondevice.protocols import DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
@@ -29,6 +29,7 @@ from ondevice.sizes import parse_size
 from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
 
+DEFAULT_CTX = 4096  # tokens of context unless --ctx, or a streaming target answering known prompts (`sized_context`)
 TARGET_BACKENDS = ("auto", "torch", "llama", "onnx")
 DRAFTER_BACKENDS = ("auto", "llama", "onnx")
 CPU_BACKENDS = ("llama", "onnx")  # what the profile compares on a CPU (`ondevice profile`), and auto picks among
@@ -44,7 +45,9 @@ class LoadOptions:
     draft: bool = True
     vocab_trim: bool = True
     threads: int | None = None
-    n_ctx: int = 4096
+    n_ctx: int | None = None  # None: DEFAULT_CTX, or when a llama.cpp target streams, sized to `prompts`
+    prompts: tuple[str, ...] = ()  # what this load will answer, when known (generate, bench) ...
+    max_tokens: int = 0  # ... and at most how many tokens each answer has
     device: str | None = None  # torch target: "cpu" / "cuda"; default: cuda if available
     gpu_memory: str | None = None
     ram_memory: str | None = None
@@ -61,7 +64,7 @@ class LoadOptions:
                 raise OndeviceError(f"{flag} must be more than 0 bytes (got {size!r}).")
         if self.threads is not None and self.threads < 1:
             raise OndeviceError(f"--threads must be at least 1 (got {self.threads}).")
-        if self.n_ctx < 16:
+        if self.n_ctx is not None and self.n_ctx < 16:
             raise OndeviceError(f"--ctx must be at least 16 tokens (got {self.n_ctx}).")
         for flag, ref in (("--target", self.target), ("--drafter", self.drafter)):
             if ref is not None:
@@ -69,6 +72,11 @@ class LoadOptions:
         if self.drafter is not None and not self.draft:
             raise OndeviceError("--drafter and --no-draft contradict each other; drop one.")
         return self
+
+    @property
+    def context(self) -> int:
+        """The context window in tokens: --ctx, else DEFAULT_CTX (load_pipeline may size it)."""
+        return self.n_ctx or DEFAULT_CTX
 
 
 @dataclass
@@ -234,14 +242,14 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int, memory: Me
         from ondevice.target.llama_target import LlamaTarget
 
         if memory is None:
-            return LlamaTarget(path, n_ctx=opts.n_ctx, threads=threads)
-        return LlamaTarget(path, n_ctx=opts.n_ctx, threads=threads, max_tree_nodes=memory.sizes.max_tree,
-                           n_ubatch=memory.sizes.target_ubatch, streams=memory.streams, window=memory.ahead,
+            return LlamaTarget(path, n_ctx=opts.context, threads=threads)
+        return LlamaTarget(path, n_ctx=opts.context, threads=threads, max_tree_nodes=memory.sizes.max_tree,
+                           n_ubatch=memory.sizes.target_ubatch, streams=memory.streams, window=memory.ahead, kv_type=memory.kv_type,
                            kept_layers=memory.kept_layers(memory.ahead))
     if backend == "onnx":
         from ondevice.target.onnx_target import OnnxTarget
 
-        return OnnxTarget.from_gguf(path, n_ctx=opts.n_ctx, threads=threads)
+        return OnnxTarget.from_gguf(path, n_ctx=opts.context, threads=threads)
     import torch
 
     from ondevice.target.torch_target import TorchTarget
@@ -251,10 +259,10 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int, memory: Me
         from ondevice.offload.target import load_offloaded_target
 
         return load_offloaded_target(
-            path, device, n_ctx=opts.n_ctx, threads=threads, gpu_memory=opts.gpu_memory, ram_memory=opts.ram_memory,
+            path, device, n_ctx=opts.context, threads=threads, gpu_memory=opts.gpu_memory, ram_memory=opts.ram_memory,
             max_tree=_largest_tree(device.startswith("cuda")),
         )
-    return TorchTarget.from_gguf(path, device=device, n_ctx=opts.n_ctx, threads=threads)
+    return TorchTarget.from_gguf(path, device=device, n_ctx=opts.context, threads=threads)
 
 
 def _load_drafter(backend: str, path, opts: LoadOptions, threads: int, target_vocab: int | None = None, vocab_trim: bool | None = None,
@@ -265,12 +273,12 @@ def _load_drafter(backend: str, path, opts: LoadOptions, threads: int, target_vo
     if backend == "onnx":
         from ondevice.draft.onnx_drafter import OnnxDrafter
 
-        return OnnxDrafter(path, n_ctx=opts.n_ctx, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab)
+        return OnnxDrafter(path, n_ctx=opts.context, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab)
     from ondevice.draft.llama_drafter import LlamaDrafter
 
-    sized = {} if memory is None else {"max_tree": memory.sizes.max_tree, "resident": memory.streams, "kv_type": memory.drafter_kv,
+    sized = {} if memory is None else {"max_tree": memory.sizes.max_tree, "resident": memory.streams, "kv_type": memory.kv_type,
                                        "n_batch": memory.sizes.drafter_ubatch}
-    return LlamaDrafter(path, n_ctx=opts.n_ctx, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab, **sized)
+    return LlamaDrafter(path, n_ctx=opts.context, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab, **sized)
 
 
 def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str, str]:
@@ -321,6 +329,9 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
     process = anon_rss()  # before pick_backends may measure (and free) models: the plan is the same every run
     backend, drafter_backend = pick_backends(opts, models, threads)
     memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
+    if opts.n_ctx is None and memory is not None and memory.streams and opts.prompts:
+        opts = replace(opts, n_ctx=min(DEFAULT_CTX, sized_context(tokenizer, opts.prompts, opts.max_tokens, memory.sizes.max_tree)))
+        memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
     drafter = None
     if models.drafter is not None:
         check_same_vocab(tokenizer, Tokenizer(models.drafter))
@@ -334,6 +345,14 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
     info = {"threads": threads, "drafter_backend": drafter_backend if drafter else None}
     return Pipeline(models, tokenizer, engine, backend, placement=placement, info=info, backends=backends, memory=memory,
                     overlap_choice=opts.overlap)
+
+
+def sized_context(tokenizer: Tokenizer, prompts, max_tokens: int, max_tree: int) -> int:
+    """The context a streaming target needs for these prompts (chat-formatted or raw, whichever is
+    longer) and their answers: its KV cache then takes what they use, not DEFAULT_CTX's cells."""
+    longest = max(max(len(tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": p}]), parse_special=True)),
+                      len(tokenizer.encode(p, add_special=True))) for p in prompts)
+    return answer_context(longest, max_tokens, max_tree)
 
 
 def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend: str = "llama", process_bytes: int | None = None) -> MemoryPlan | None:
@@ -357,7 +376,7 @@ def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, pr
     budget = ram_budget()
     if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
         budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
-    return plan_memory(target, drafter, n_ctx=opts.n_ctx, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes)
+    return plan_memory(target, drafter, n_ctx=opts.context, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes)
 
 
 def _with_lookup(drafter, n_vocab: int, draft: bool = True):

@@ -13,7 +13,7 @@ import pytest
 from ondevice.files.gguf_header import read_header
 from ondevice.errors import OndeviceError
 from ondevice.plan import ram
-from ondevice.plan.memory import IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, context_buffers, plan_memory
+from ondevice.plan.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
 from ondevice.plan.ram import RamBudget
 from tiny_models import tiny_config, write_tiny_gguf
 
@@ -157,6 +157,25 @@ def test_says_when_only_the_drafter_keeps_the_target_out_of_ram():
     assert paired.streams and "without the drafter the target would fit" in paired.describe()
     tight = plan_memory(TARGET, DRAFTER, budget=RamBudget(1150 * MiB, "test"), process_bytes=60 * MiB)
     assert "without the drafter" not in tight.describe()
+
+
+def test_a_streaming_plan_halves_both_kv_caches_and_a_shorter_context_keeps_more_layers():
+    budget = RamBudget(1300 * MiB, "test")
+    plans = {n: plan_memory(TARGET, DRAFTER, n_ctx=n, budget=budget, process_bytes=100 * MiB, ahead=2) for n in (512, 4096)}
+    for n, plan in plans.items():
+        assert plan.streams and plan.kv_type == "f16"
+        assert plan.buffers["target KV cache"] == context_buffers(TARGET, n, 256, 64, kv_bytes=2).kv == context_buffers(TARGET, n, 256, 64).kv // 2
+        assert f"context {n} tokens" in plan.describe() and plan.to_dict()["n_ctx"] == n
+    assert len(plans[512].kept_layers(2)) > len(plans[4096].kept_layers(2))
+    assert plans[512].bytes_read_per_pass < plans[4096].bytes_read_per_pass
+    in_ram = plan_memory(TARGET, DRAFTER, budget=RamBudget(20 << 30, "test"), process_bytes=100 * MiB)
+    assert in_ram.kv_type == "f32"
+
+
+def test_an_answer_context_holds_the_prompt_the_answer_and_one_tree_in_whole_cells():
+    for prompt, answer, tree in [(30, 48, 64), (200, 256, 16), (1, 1, 1), (4000, 100, 64)]:
+        n = answer_context(prompt, answer, tree)
+        assert n % CELL_PAD == 0 and prompt + answer + tree + 1 <= n < prompt + answer + tree + 1 + 16 + CELL_PAD
 
 
 def test_over_budget_says_so():

@@ -66,6 +66,25 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
     assert report["peak_rss_bytes"] > 0 and "bytes_read_per_pass" in report
 
 
+def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them(tiny_home, monkeypatch):
+    spec, prompt = DraftSpec("best-first", 4), MESSAGES[0]["content"]
+    with ondevice.load("tiny", target_backend="llama", threads=1, prompts=(prompt,), max_tokens=24) as pipe:
+        assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == pipeline.DEFAULT_CTX  # in RAM: nothing to win
+    stream_tiny_target(tiny_home, monkeypatch)
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=pipeline.DEFAULT_CTX) as pipe:
+        full, _ = answer(pipe, spec)
+        full_plan = pipe.memory
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, prompts=(prompt,), max_tokens=24) as pipe:
+        n_ctx = pipe.engine.target.n_ctx
+        need = len(pipe.encode_chat(MESSAGES)) + 24 + pipe.memory.sizes.max_tree + 1
+        assert need <= n_ctx < need + 16 + 256 and n_ctx < pipeline.DEFAULT_CTX
+        assert pipe.memory.sizes.n_ctx == n_ctx and pipe.engine.drafter.model.n_ctx == n_ctx
+        assert pipe.memory.buffers["target KV cache"] < full_plan.buffers["target KV cache"]
+        sized, stats = answer(pipe, spec)
+        assert pipe.stats_json(stats)["placement"]["n_ctx"] == n_ctx
+    assert sized == full  # the KV cache's size changes what stays cached, never the answer
+
+
 DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 1.02})  # a streamed pass: the disk dominates
 
 

@@ -244,6 +244,7 @@ def bench(
         specs = [None]
     pairs = parse_backends(backends) if backends else [None]
     texts = sets[prompt_set][: limit or None]
+    load = replace(load, prompts=tuple(texts), max_tokens=max_tokens)  # a streaming target's context is sized to them
     names = [llamacpp_name(n) for n in parse_list(baselines)] if baselines else []
     best, report, curves, reference = {}, None, None, None  # best: config -> its fastest round
     for round_no in range(rounds):

@@ -54,7 +54,11 @@ Overlap = Annotated[
     Optional[bool],
     typer.Option("--overlap/--no-overlap", help="Draft the next tree while the target verifies (default: when the target is on a GPU)."),
 ]
-Ctx = Annotated[int, typer.Option("--ctx", help="Context window in tokens.")]
+Ctx = Annotated[
+    Optional[int],
+    typer.Option("--ctx", help="Context window in tokens (default 4096; when the target streams from disk, generate and bench "
+                 "size it to the prompt and --max-tokens: its KV cache is RAM the target's layers can use)."),
+]
 
 _KW = inspect.Parameter.KEYWORD_ONLY
 LOAD_PARAMETERS = [  # name, annotation, default
@@ -66,7 +70,7 @@ LOAD_PARAMETERS = [  # name, annotation, default
     ("no_draft", NoDraft, False),
     ("vocab_trim", VocabTrim, True),
     ("threads", Threads, None),
-    ("ctx", Ctx, 4096),
+    ("ctx", Ctx, None),
     ("gpu_memory", GpuMemory, None),
     ("ram_memory", RamMemory, None),
     ("overlap", Overlap, None),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import typer
 
@@ -34,7 +35,7 @@ def generate(
     """Generate one answer for PROMPT and exit."""
     sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     spec = make_spec(tree, budget, not load.draft, sampling)
-    pipe = load_pipeline(load)
+    pipe = load_pipeline(replace(load, prompts=(prompt,), max_tokens=max_tokens))  # a streaming target's context is sized to them
     if think is not None and not pipe.tokenizer.can_switch_thinking:
         err.print(f"[dim]{pipe.pair.target.name}'s chat template has no thinking switch: --{'' if think else 'no-'}think changes nothing[/]")
     ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}], think=think)

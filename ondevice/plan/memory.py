@@ -1,9 +1,9 @@
 """The memory plan: where the target lives, decided at load from sizes alone.
 
     plan = plan_memory(ModelSize.from_gguf(target), ModelSize.from_gguf(drafter), n_ctx=4096, ahead=2)
-    plan.describe()   # 'target streams from disk (950 MB read per pass), its first 1 of 28 layers kept
+    plan.describe()   # 'target streams from disk (781 MB read per pass), its first 7 of 28 layers kept
                       #  in RAM: 1.1 GB target, RAM 1.3 GB (cgroup limit 1.3 GB) holds drafter 491 MB,
-                      #  buffers 466 MB (trees up to 64 nodes), process 100 MB'
+                      #  buffers 350 MB (context 4096 tokens, trees up to 64 nodes), process 100 MB'
 
 Memory model, in bytes, for a llama.cpp target on a CPU:
 
@@ -11,7 +11,9 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
              + drafter weights (read into anonymous memory when the target streams, so the page
                cache cannot evict them)
              + each llama.cpp context's buffers: KV cache, output logits, compute (`ContextBuffers`),
-               sized for the largest tree the plan allows (`max_tree` nodes)
+               sized for the largest tree the plan allows (`max_tree` nodes) and the context
+               (`n_ctx` cells; in f16 when the target streams, `kv_type`; `answer_context` when
+               the prompts and answer length are known)
     the target is in RAM   if resident + what a pass reads + margin <= budget (the file but for a
                            separate input embedding table, read a row per token): after the first
                            pass its pages stay in the page cache (mapped; llama.cpp may repack them);
@@ -44,6 +46,7 @@ from ondevice.sizes import format_bytes
 
 F32, F16 = 4, 2
 CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
+TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
 TREE_SIZES = (64, 32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more
 # nodes costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes,
@@ -143,6 +146,15 @@ def context_buffers(
     return ContextBuffers(kv, output, max(logits, attention))
 
 
+def answer_context(longest_prompt: int, max_tokens: int, max_tree: int) -> int:
+    """The context (KV cells, in llama.cpp's steps of 256) that answering a prompt of
+    `longest_prompt` tokens with up to `max_tokens` needs, with room for one more tree of
+    `max_tree` nodes and a few template tokens: for a streaming target, every cell not allocated is
+    RAM that keeps one more of its layers cached (fewer bytes read per pass)."""
+    need = longest_prompt + max_tokens + max_tree + 1 + TEMPLATE_SLACK
+    return -(-need // CELL_PAD) * CELL_PAD
+
+
 @dataclass(frozen=True)
 class ContextSizes:
     """How to size the target's and the drafter's llama.cpp contexts for a plan."""
@@ -153,6 +165,7 @@ class ContextSizes:
     drafter_cells: int  # KV cells of the drafter: context + the biggest tree it grows + one batch
     drafter_seqs: int
     drafter_ubatch: int
+    n_ctx: int  # the target's context window in tokens (its KV cells)
 
 
 def context_sizes(n_ctx: int, max_tree: int, streams: bool, draft_batch: int = DRAFT_BATCH) -> ContextSizes:
@@ -160,7 +173,7 @@ def context_sizes(n_ctx: int, max_tree: int, streams: bool, draft_batch: int = D
     and its resident drafter 64 (it is never asked for more at once while drafting)."""
     seqs = min(256, max_tree + 1)
     target_ubatch, drafter_ubatch = (256, draft_batch) if streams else (512, 512)
-    return ContextSizes(max_tree, min(256, max_tree), target_ubatch, n_ctx + max_tree + draft_batch, seqs, drafter_ubatch)
+    return ContextSizes(max_tree, min(256, max_tree), target_ubatch, n_ctx + max_tree + draft_batch, seqs, drafter_ubatch, n_ctx)
 
 
 @dataclass(frozen=True)
@@ -190,9 +203,11 @@ class MemoryPlan:
         return not self.target_in_ram
 
     @property
-    def drafter_kv(self) -> str:
-        """The drafter's KV cache type: f16 (half the bytes) when the target streams; its values
-        change only what is drafted, never what the target emits."""
+    def kv_type(self) -> str:
+        """Both contexts' KV cache type: f32 in RAM; f16 (half the bytes: RAM the target's layers
+        can use) when the target streams. The drafter's changes only what is drafted; the target's
+        is llama.cpp's default type, and its target alone runs with it too, so the output stays
+        the target's own (within the near-tie rule, as any batch size)."""
         return "f32" if self.target_in_ram else "f16"
 
     @property
@@ -237,7 +252,7 @@ class MemoryPlan:
         text = (
             f"{where}: {format_bytes(self.target.file_bytes)} target, RAM {self.budget.describe()} holds "
             f"drafter {format_bytes(self.drafter_bytes)}, buffers {format_bytes(sum(self.buffers.values()))} "
-            f"(trees up to {self.sizes.max_tree} nodes), process {format_bytes(self.process_bytes)}"
+            f"(context {self.sizes.n_ctx} tokens, trees up to {self.sizes.max_tree} nodes), process {format_bytes(self.process_bytes)}"
         )
         return "; ".join([text, *self.notes])
 
@@ -245,17 +260,17 @@ class MemoryPlan:
         return {
             "placement": self.placement, "target_bytes": self.target.file_bytes, "drafter_bytes": self.drafter_bytes,
             "process_bytes": self.process_bytes, "buffers": dict(self.buffers), "ram_budget": self.budget.bytes,
-            "ram_source": self.budget.source, "max_tree": self.sizes.max_tree,
+            "ram_source": self.budget.source, "max_tree": self.sizes.max_tree, "n_ctx": self.sizes.n_ctx, "kv_type": self.kv_type,
             "predicted_bytes_read_per_pass": self.bytes_read_per_pass, "kept_layers": len(self.kept_layers(self.ahead)) if self.ahead else 0,
             "summary": self.describe(),
         }
 
 
-def _buffers(target: ModelSize, drafter: ModelSize | None, n_ctx: int, sizes: ContextSizes, drafter_kv: int) -> dict[str, int]:
-    t = context_buffers(target, n_ctx, sizes.target_ubatch, sizes.max_tree, sizes.target_seqs)
+def _buffers(target: ModelSize, drafter: ModelSize | None, n_ctx: int, sizes: ContextSizes, kv_bytes: int) -> dict[str, int]:
+    t = context_buffers(target, n_ctx, sizes.target_ubatch, sizes.max_tree, sizes.target_seqs, kv_bytes)
     out = {"target KV cache": t.kv, "target logits + compute": t.output + t.compute}
     if drafter is not None:
-        d = context_buffers(drafter, sizes.drafter_cells, sizes.drafter_ubatch, DRAFT_BATCH, sizes.drafter_seqs, drafter_kv)
+        d = context_buffers(drafter, sizes.drafter_cells, sizes.drafter_ubatch, DRAFT_BATCH, sizes.drafter_seqs, kv_bytes)
         out |= {"drafter KV cache": d.kv, "drafter logits + compute": d.output + d.compute}
     return out
 
@@ -284,7 +299,7 @@ def plan_memory(
 
     def plan(tree: int, in_ram: bool, notes=()) -> MemoryPlan:
         sizes = context_sizes(n_ctx, tree, streams=not in_ram)
-        buffers = _buffers(target, drafter, n_ctx, sizes, drafter_kv=F32 if in_ram else F16)
+        buffers = _buffers(target, drafter, n_ctx, sizes, kv_bytes=F32 if in_ram else F16)
         return MemoryPlan(budget, target, drafter_bytes, process, buffers, sizes, in_ram, list(notes), 0 if in_ram else ahead)
 
     full = plan(max_tree, True)
