@@ -31,6 +31,7 @@ import llama_cpp
 import numpy as np
 
 from ondevice.errors import OndeviceError
+from ondevice.files.gguf_header import OUTPUT_LAYER  # what layer_callback reports once the LM head has computed
 from ondevice.plan.hardware import default_threads
 
 GGUF_MAGIC = b"GGUF"
@@ -118,9 +119,6 @@ def _ggml_get_name():
     lib.ggml_get_name.restype = ctypes.c_char_p
     lib.ggml_get_name.argtypes = [ctypes.c_void_p]
     return lib.ggml_get_name
-
-
-OUTPUT_LAYER = "output"  # what layer_callback reports once the LM head has computed
 
 
 def layer_callback(on_layer):

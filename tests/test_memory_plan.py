@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from ondevice.files.gguf_header import read_header
+from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.errors import OndeviceError
 from ondevice.plan import ram
 from ondevice.plan.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
@@ -138,16 +138,34 @@ def test_buffers_grow_with_the_tree_and_the_context():
     assert context_buffers(TARGET, 4097, 512, 16).kv == context_buffers(TARGET, 4096 + 256, 512, 16).kv  # cells come in 256s
 
 
-def test_a_steered_page_cache_keeps_the_first_layers_that_fit():
+def test_a_steered_page_cache_keeps_the_head_then_the_first_layers_that_fit():
     budget = RamBudget(1800 * MiB, "test")
     plain = plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=60 * MiB)
     steered = plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=60 * MiB, ahead=2)
     kept = steered.kept_layers(2)
-    assert kept == tuple(range(len(kept))) and len(kept) > 0
-    room = steered.cache_room - 3 * max(TARGET.layer_bytes)  # two layers in flight and the one computing
-    assert sum(TARGET.layer_bytes[i] for i in kept) <= room < sum(TARGET.layer_bytes[: len(kept) + 1])
-    assert steered.bytes_read_per_pass == plain.bytes_read_per_pass - sum(TARGET.layer_bytes[i] for i in kept)
-    assert f"first {len(kept)} of 28 layers kept" in steered.describe()
+    layers = kept[1:]
+    assert kept[0] == OUTPUT_LAYER and layers == tuple(range(len(layers))) and len(layers) > 0
+    room = steered.cache_room - 3 * max(TARGET.layer_bytes) - TARGET.head_bytes  # two layers in flight, one computing
+    assert sum(TARGET.layer_bytes[i] for i in layers) <= room < sum(TARGET.layer_bytes[: len(layers) + 1])
+    assert steered.bytes_read_per_pass == plain.bytes_read_per_pass - sum(TARGET.layer_bytes[i] for i in layers) - TARGET.head_bytes
+    assert f"its LM head and first {len(layers)} of 28 layers kept" in steered.describe()
+
+
+def test_a_head_that_does_not_fit_streams_with_room_for_all_of_it():
+    heads = set()
+    for mb in range(950, 1400, 10):  # budgets around the head's size: kept layers never crowd out a streamed head
+        plan = plan_memory(TARGET, DRAFTER, n_ctx=512, budget=RamBudget(mb * MiB, "test"), process_bytes=100 * MiB, ahead=2)
+        if "over budget" in plan.describe():
+            continue
+        kept = plan.kept_layers(2)
+        heads.add(OUTPUT_LAYER in kept)
+        layers = sum(TARGET.layer_bytes[i] for i in kept if i != OUTPUT_LAYER)
+        if OUTPUT_LAYER in kept:
+            assert layers + TARGET.head_bytes + 3 * max(TARGET.layer_bytes) <= plan.cache_room
+        else:
+            assert layers + TARGET.head_bytes + max(TARGET.layer_bytes) <= plan.cache_room
+            assert TARGET.head_bytes > plan.cache_room - 3 * max(TARGET.layer_bytes)  # it would have kept the head
+    assert heads == {True, False}
 
 
 def test_says_when_only_the_drafter_keeps_the_target_out_of_ram():

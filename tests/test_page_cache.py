@@ -14,7 +14,7 @@ import pytest
 
 import tiny_models
 from ondevice.target.llama_target import LlamaTarget
-from ondevice.target.page_cache import find_mapping
+from ondevice.target.page_cache import MADV_WILLNEED, LayerWindow, Span, _pieces, find_mapping, readahead_bytes
 from ondevice.tree import DraftTree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise/mincore steering is Linux-only")
@@ -78,3 +78,41 @@ def test_the_window_changes_no_logit_and_steers_the_cache(tiny):
     steered.close()
     steered.close()  # a second close (bench closes the engine, then the pipeline) does nothing
     assert window.fd is None and steered.window is None
+
+
+def test_pieces_cover_a_span_exactly():
+    span = Span(1 << 20, 10 * mmap.PAGESIZE + 123, 5 * mmap.PAGESIZE)
+    pieces = _pieces(span, 4 * mmap.PAGESIZE)
+    assert [p.length for p in pieces] == [4 * mmap.PAGESIZE, 4 * mmap.PAGESIZE, 2 * mmap.PAGESIZE + 123]
+    assert all(b.start == a.start + a.length and b.offset == a.offset + a.length for a, b in zip(pieces, pieces[1:]))
+    assert (pieces[0].start, pieces[0].offset) == (span.start, span.offset)
+
+
+def test_a_prefetched_layer_longer_than_one_readahead_is_read_whole(tmp_path):
+    """One MADV_WILLNEED reads at most the device's readahead size; a layer three times that long
+    must still be in the page cache after the window prefetches it (advised whole: a third)."""
+    path = tmp_path / "layer.bin"
+    size = 3 * readahead_bytes(tmp_path)
+    with path.open("wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    try:
+        os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
+        mapping = find_mapping(path)
+        layer = [Span(mapping[0], size, 0)]
+        if resident_fraction(layer) > 0.1:
+            pytest.skip("this file system keeps the file cached (tmpfs?): nothing to prefetch")
+        window = LayerWindow(path, mapping, {0: layer}, ahead=1)
+        window.pass_starts()
+        window.drain()
+        deadline = time.monotonic() + 10  # MADV_WILLNEED starts reads and returns
+        while resident_fraction(layer) < 0.95 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert resident_fraction(layer) > 0.95
+        window.close()
+    finally:
+        mapped.close()
+        os.close(fd)

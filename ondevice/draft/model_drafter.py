@@ -131,14 +131,16 @@ class ModelDrafter:
         return grown
 
     def probe_batch(self, n: int) -> None:
-        """Draft n nodes as the builders would (siblings, each on its own branch; more than max_batch
-        take several expansion calls), then undo it. For profiling."""
+        """Draft n nodes as the builders would (siblings, each on its own branch; more than max_batch,
+        or than the cache has branches for, take several expansion calls), then undo it. For profiling."""
         stand_in = (np.arange(64 + n) * 7919 + 11) % self.n_vocab  # arbitrary valid token ids
         if not self.cache.tokens:
             self.cache.sync(stand_in[:64].tolist())  # a 64-token context
-        for start in range(0, n, self.max_batch):
+        step = max(1, min(self.max_batch, self.cache.free_capacity()))  # sized for small trees: fewer branches at once
+        for start in range(0, n, step):
             search = SearchTree(self.cache.tokens[-1])
-            nodes = search.add_children(0, stand_in[64 + start : 64 + min(n, start + self.max_batch)], np.zeros(n))
+            batch = stand_in[64 + start : 64 + min(n, start + step)]
+            nodes = search.add_children(0, batch, np.zeros(len(batch)))
             self.cache.expand(search, nodes)
             self.cache.release(search, {0})
 

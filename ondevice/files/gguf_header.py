@@ -22,6 +22,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import part_paths
 
+OUTPUT_LAYER = "output"  # the LM head, where a per-layer view of the file counts it as the last layer
+
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 

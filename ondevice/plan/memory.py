@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-from ondevice.files.gguf_header import read_header
+from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.plan.ram import RamBudget, anon_rss, ram_budget
 from ondevice.sizes import format_bytes
 
@@ -112,9 +112,10 @@ class ModelSize:
 
     @property
     def streamed_window(self) -> int:
-        """Page cache a streamed pass needs at the least: two decoder layers in flight."""
+        """Page cache a streamed pass needs at the least: two decoder layers in flight, or the LM
+        head (read whole at the end of a pass) and the layer before it."""
         per_layer = max(self.layer_bytes) if self.layer_bytes else self.file_bytes // max(self.n_layers, 1)
-        return 2 * per_layer
+        return max(2 * per_layer, self.head_bytes + per_layer)
 
 
 @dataclass(frozen=True)
@@ -214,32 +215,38 @@ class MemoryPlan:
     def placement(self) -> str:
         return "ram" if self.target_in_ram else "disk"
 
-    def kept_layers(self, ahead: int) -> tuple[int, ...]:
-        """The first decoder layers a streaming target can keep cached between passes when the page
-        cache is steered (target/page_cache.py) with `ahead` layers in flight: what the room left
-        holds after the window. Empty when the target is in RAM or nothing fits."""
+    def kept_layers(self, ahead: int) -> tuple[int | str, ...]:
+        """What a streaming target keeps cached between passes when the page cache is steered
+        (target/page_cache.py) with `ahead` layers in flight, in what the room left holds after the
+        window: the LM head first (OUTPUT_LAYER; streamed, all of it would be in flight at once at the
+        end of every pass), then the first decoder layers. Empty when the target is in RAM."""
         sizes = self.target.layer_bytes
         if self.target_in_ram or not sizes:
             return ()
-        room = self.cache_room - (ahead + 1) * max(sizes)
+        window = (ahead + 1) * max(sizes)
+        room = self.cache_room - window
+        head = self.target.head_bytes
+        keep_head = 0 < head <= room
+        room -= head if keep_head else max(0, head + max(sizes) - window)  # a streamed head needs room for all of it
         kept = 0
         while kept < len(sizes) and room >= sizes[kept]:
             room -= sizes[kept]
             kept += 1
-        return tuple(range(kept))
+        return ((OUTPUT_LAYER,) if keep_head else ()) + tuple(range(kept))
 
     @property
     def bytes_read_per_pass(self) -> int:
         """Predicted disk reads per target pass: none in RAM; when streaming, every decoder layer not
-        kept cached and the LM head (the input embeddings are read a row per token), or the whole
-        file when its layers are not known."""
+        kept cached and the LM head unless kept (the input embeddings are read a row per token), or
+        the whole file when its layers are not known."""
         sizes = self.target.layer_bytes
         if self.target_in_ram:
             return 0
         if not sizes:
             return self.target.file_bytes
         kept = self.kept_layers(self.ahead) if self.ahead else ()
-        return sum(b for i, b in enumerate(sizes) if i not in kept) + self.target.head_bytes
+        head = 0 if OUTPUT_LAYER in kept else self.target.head_bytes
+        return sum(b for i, b in enumerate(sizes) if i not in kept) + head
 
     def describe(self) -> str:
         where = (
@@ -247,8 +254,11 @@ class MemoryPlan:
             else f"target streams from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)"
         )
         kept = self.kept_layers(self.ahead) if self.ahead else ()
+        layers = len([k for k in kept if k != OUTPUT_LAYER])
         if kept:
-            where += f", its first {len(kept)} of {self.target.n_layers} layers kept in RAM"
+            first = f"first {layers} of {self.target.n_layers} layers" if layers else ""
+            head = "LM head" + (" and " if first else "") if OUTPUT_LAYER in kept else ""
+            where += f", its {head}{first} kept in RAM"
         text = (
             f"{where}: {format_bytes(self.target.file_bytes)} target, RAM {self.budget.describe()} holds "
             f"drafter {format_bytes(self.drafter_bytes)}, buffers {format_bytes(sum(self.buffers.values()))} "
@@ -257,11 +267,13 @@ class MemoryPlan:
         return "; ".join([text, *self.notes])
 
     def to_dict(self) -> dict:
+        kept = self.kept_layers(self.ahead) if self.ahead else ()
         return {
             "placement": self.placement, "target_bytes": self.target.file_bytes, "drafter_bytes": self.drafter_bytes,
             "process_bytes": self.process_bytes, "buffers": dict(self.buffers), "ram_budget": self.budget.bytes,
             "ram_source": self.budget.source, "max_tree": self.sizes.max_tree, "n_ctx": self.sizes.n_ctx, "kv_type": self.kv_type,
-            "predicted_bytes_read_per_pass": self.bytes_read_per_pass, "kept_layers": len(self.kept_layers(self.ahead)) if self.ahead else 0,
+            "predicted_bytes_read_per_pass": self.bytes_read_per_pass, "kept_layers": len([k for k in kept if k != OUTPUT_LAYER]),
+            "head_kept": OUTPUT_LAYER in kept,
             "summary": self.describe(),
         }
 

@@ -8,7 +8,10 @@ layers the next pass needs first as readily as the ones just used. `LayerWindow`
   `l_out-{i}`), so the window knows where the pass is;
 - the next `ahead` layers' byte ranges of the mapping get MADV_WILLNEED: the kernel reads them
   while the CPU computes the current one (prefetch), and at the end of a pass the first layers of
-  the next pass are read while the drafter drafts;
+  the next pass are read while the drafter drafts. One call reads at most the device's readahead
+  size (the larger of read_ahead_kb and max_sectors_kb: mm/readahead.c, force_page_cache_ra), so
+  spans are advised in pieces of that size (`readahead_bytes`); advised whole, only the first
+  8 MB of each tensor was read ahead here and the 191 MB LM head was faulted in synchronously;
 - a finished layer that is not `kept` leaves the page cache at once (MADV_DONTNEED drops llama.cpp's
   mapping of its pages, then POSIX_FADV_DONTNEED drops the pages: the kernel invalidates only
   unmapped pages, and this way also those still in a CPU's LRU batch, which MADV_PAGEOUT skips), so
@@ -38,13 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ondevice.files.gguf_header import read_header
-from ondevice.llama_backend import OUTPUT_LAYER
+from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 
 MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED = 2, 3, 4
 EVICT = -1  # MADV_DONTNEED on the mapping, then POSIX_FADV_DONTNEED on the file
 WINDOW_AHEAD = 2  # layers prefetched ahead of the one computing (0: leave streaming to the kernel)
 PAGE = mmap.PAGESIZE
+DEFAULT_READAHEAD_KIB = 128  # Linux's VM_READAHEAD_PAGES
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,20 @@ class Span:
     start: int  # address in this process
     length: int
     offset: int  # where its first byte is in the file
+
+
+def readahead_bytes(path: str | Path) -> int:
+    """The most one MADV_WILLNEED on `path` reads: the larger of its block device's readahead
+    window and largest request, from sysfs; the kernel's default window (128 KiB) when sysfs does
+    not say (no block device: tmpfs, network, overlay file systems)."""
+    try:
+        st = os.stat(path)
+        device = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        queue = device / "queue" if (device / "queue").is_dir() else device / ".." / "queue"  # a partition: its disk's
+        kib = max(int((queue / name).read_text()) for name in ("read_ahead_kb", "max_sectors_kb"))
+    except (OSError, ValueError):
+        kib = 0
+    return max(kib, DEFAULT_READAHEAD_KIB) << 10
 
 
 def find_mapping(path: str | Path) -> tuple[int, int, int] | None:
@@ -83,12 +100,18 @@ def _span(mapping: tuple[int, int, int], offset: int, length: int) -> Span | Non
     return Span(lo, hi - lo, lo - start + file_offset) if hi > lo else None
 
 
+def _pieces(span: Span, size: int) -> list[Span]:
+    """`span` cut into consecutive spans of at most `size` bytes (a multiple of the page size)."""
+    return [Span(span.start + at, min(size, span.length - at), span.offset + at) for at in range(0, span.length, size)]
+
+
 class LayerWindow:
     def __init__(self, path: str | Path, mapping: tuple[int, int, int], layers: dict, ahead: int = 2, kept: Iterable = ()):
         self.layers = layers
         self.order = sorted(k for k in layers if k != OUTPUT_LAYER) + ([OUTPUT_LAYER] if OUTPUT_LAYER in layers else [])
         self.ahead = ahead
         self.kept = set(kept)
+        self.chunk = readahead_bytes(path) // PAGE * PAGE  # what one WILLNEED reads at most
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.fd = os.open(path, os.O_RDONLY)
         self.work: queue.Queue[tuple[int, list[Span]] | None] = queue.Queue()
@@ -149,6 +172,10 @@ class LayerWindow:
             advice, spans = item
             try:
                 for span in spans:
+                    if advice == MADV_WILLNEED:
+                        for piece in _pieces(span, self.chunk):
+                            self._advise(piece, MADV_WILLNEED)
+                        continue
                     self._advise(span, MADV_DONTNEED if advice == EVICT else advice)
                     if advice == EVICT:
                         os.posix_fadvise(self.fd, span.offset, span.length, os.POSIX_FADV_DONTNEED)
