@@ -321,7 +321,8 @@ def load(pair: str | None = None, **kwargs) -> Pipeline:
     return load_pipeline(LoadOptions(pair=pair, **kwargs))
 
 
-def load_pipeline(opts: LoadOptions) -> Pipeline:
+def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None) -> Pipeline:
+    """status(message): what a long step is doing (the CLI's spinner)."""
     opts.checked()
     models = choose(opts.pair, opts.target, opts.drafter, opts.draft)  # downloads on first use
     threads = opts.threads or default_threads()
@@ -329,6 +330,11 @@ def load_pipeline(opts: LoadOptions) -> Pipeline:
     process = anon_rss()  # before pick_backends may measure (and free) models: the plan is the same every run
     backend, drafter_backend = pick_backends(opts, models, threads)
     memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
+    if memory is not None and memory.streams and drafter_backend == "llama" and opts.vocab_trim and models.drafter is not None:
+        from ondevice.quant.shipped_trim import trim_for_streaming  # the catalog's keep set: a smaller drafter, more layers cached
+
+        if trim_for_streaming(models.name, models.drafter, models.drafter_sha256, status):
+            memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
     if opts.n_ctx is None and memory is not None and memory.streams and opts.prompts:
         opts = replace(opts, n_ctx=min(DEFAULT_CTX, sized_context(tokenizer, opts.prompts, opts.max_tokens, memory.sizes.max_tree)))
         memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)

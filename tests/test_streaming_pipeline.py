@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import gguf
+import numpy as np
 import pytest
 
 import ondevice
@@ -16,6 +18,7 @@ from ondevice.plan.hardware import measure_ram_bandwidth
 from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
 from ondevice.plan.profile import Profile, save_profile
 from ondevice.protocols import DraftSpec
+from ondevice.quant import shipped_trim, vocab_trim
 from ondevice.verify import Sampling
 from tiny_models import write_tiny_pair
 
@@ -84,6 +87,30 @@ def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them
         sized, stats = answer(pipe, spec)
         assert pipe.stats_json(stats)["placement"]["n_ctx"] == n_ctx
     assert sized == full  # the KV cache's size changes what stays cached, never the answer
+
+
+def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(tiny_home, monkeypatch):
+    monkeypatch.setattr(shipped_trim, "SHIPPED_DIR", tiny_home / "shipped")
+    drafter = pipeline.choose("tiny", None, None, True).drafter
+    keep = np.union1d(vocab_trim.always_kept_ids(gguf.GGUFReader(drafter)), np.arange(0, 320, 3))
+    built = vocab_trim.build_trimmed(drafter, keep, "test: every third id")
+    (tiny_home / "shipped").mkdir()
+    shipped_trim.export(built, "tiny")
+    for path in vocab_trim.trimmed_paths(drafter):  # shipped with the catalog, not built here
+        path.unlink()
+    assert shipped_trim.shipped_keep_ids("tiny", "0" * 64) is None  # for another drafter file: nothing
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
+        assert pipe.memory.target_in_ram and not pipe.engine.drafter.model.vocab_trimmed
+    assert vocab_trim.find_trimmed(drafter) is None  # in RAM the full drafter drafts: nothing written
+    stream_tiny_target(tiny_home, monkeypatch)
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
+        assert pipe.memory.streams and pipe.engine.drafter.model.vocab_trimmed
+        trimmed, record = vocab_trim.trimmed_paths(drafter)
+        assert pipe.memory.drafter_bytes == trimmed.stat().st_size < drafter.stat().st_size
+        streamed, _ = answer(pipe, DraftSpec("best-first", 4))
+    assert vocab_trim.TrimmedVocab.load(record).keep_ids == tuple(int(i) for i in keep)
+    with ondevice.load("tiny", target_backend="llama", draft=False, threads=1, n_ctx=256) as alone:
+        assert streamed == answer(alone, None)[0]
 
 
 DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 1.02})  # a streamed pass: the disk dominates

@@ -54,5 +54,5 @@ def stats_line(stats: Stats, plan=None) -> str:
 
 def load_pipeline(load: LoadOptions) -> Pipeline:
     """Load (and on first use download) the pipeline, with a spinner on stderr."""
-    with err.status("loading models…"):
-        return pipeline.load_pipeline(load)
+    with err.status("loading models…") as spinner:
+        return pipeline.load_pipeline(load, status=lambda message: spinner.update(f"{message}…"))
