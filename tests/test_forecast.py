@@ -13,7 +13,7 @@ import pytest
 from ondevice.catalog.pairs import list_pairs, load_pair
 from ondevice.eval.bench import BenchResult
 from ondevice.eval.measured import record_bench
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.plan.forecast import forecast, plan_config
 from ondevice.plan.hardware import LatencyCurve, default_threads, machine_facts
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement

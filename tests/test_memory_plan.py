@@ -245,7 +245,7 @@ def test_the_plan_counts_the_drafter_whichever_backend_runs_it(tiny, drafter_bac
     """An ONNX drafter holds its weights in RAM too: a plan that left it out kept target layers in
     the RAM the drafter needs (measured: 25 of 28 layers planned, passes 1.5× slower)."""
     from ondevice.catalog.choose import Models
-    from ondevice.pipeline import LoadOptions, memory_plan
+    from ondevice.loading import LoadOptions, memory_plan
 
     models = Models(name="tiny", description="tiny", target=tiny, drafter=tiny)
     alone = memory_plan(Models(name="tiny", description="tiny", target=tiny, drafter=None), LoadOptions(target_backend="llama"), "llama")

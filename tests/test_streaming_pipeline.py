@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ondevice
-from ondevice import pipeline
+from ondevice import loading, pipeline
 from ondevice.plan import memory, profile as profile_store, ram
 from ondevice.plan.hardware import measure_ram_bandwidth
 from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
@@ -45,7 +45,7 @@ def stream_tiny_target(home, monkeypatch) -> None:
     sizes = memory.context_sizes(256, 64, streams=True)  # streaming with trees up to 64 nodes
     resident = (200 << 20) + drafter.file_bytes + sum(memory._buffers(target, drafter, 256, sizes, memory.F16).values())
     budget = resident + target.streamed_window + MARGIN  # room to stream, not to keep the weights
-    monkeypatch.setattr(pipeline, "ram_budget", lambda: ram.RamBudget(budget, "test"))
+    monkeypatch.setattr(loading, "ram_budget", lambda: ram.RamBudget(budget, "test"))
 
 
 def answer(pipe, spec):
@@ -73,15 +73,15 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
 def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them(tiny_home, monkeypatch):
     spec, prompt = DraftSpec("best-first", 4), MESSAGES[0]["content"]
     with ondevice.load("tiny", target_backend="llama", threads=1, prompts=(prompt,), max_tokens=24) as pipe:
-        assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == pipeline.DEFAULT_CTX  # in RAM: nothing to win
+        assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # in RAM: nothing to win
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=pipeline.DEFAULT_CTX) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=loading.DEFAULT_CTX) as pipe:
         full, _ = answer(pipe, spec)
         full_plan = pipe.memory
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, prompts=(prompt,), max_tokens=24) as pipe:
         n_ctx = pipe.engine.target.n_ctx
         need = len(pipe.encode_chat(MESSAGES)) + 24 + pipe.memory.sizes.max_tree + 1
-        assert need <= n_ctx < need + 16 + 256 and n_ctx < pipeline.DEFAULT_CTX
+        assert need <= n_ctx < need + 16 + 256 and n_ctx < loading.DEFAULT_CTX
         assert pipe.memory.sizes.n_ctx == n_ctx and pipe.engine.drafter.model.n_ctx == n_ctx
         assert pipe.memory.buffers["target KV cache"] < full_plan.buffers["target KV cache"]
         sized, stats = answer(pipe, spec)
@@ -119,10 +119,10 @@ DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 
 def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(tiny_home, monkeypatch):
     monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
     stream_tiny_target(tiny_home, monkeypatch)
-    opts = pipeline.LoadOptions(pair="tiny", threads=1, n_ctx=256)
+    opts = loading.LoadOptions(pair="tiny", threads=1, n_ctx=256)
     models = pipeline.choose("tiny", None, None, True)
     before = ondevice_threads()
-    pipeline.pick_backends(opts, models, threads=1)  # nothing saved: measures the streamed target, then each drafter
+    loading.pick_backends(opts, models, threads=1)  # nothing saved: measures the streamed target, then each drafter
     assert left_running(before) == []  # the measured target is gone, with its page-cache thread
     (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
     measured = Profile.from_dict(json.loads(path.read_text()))

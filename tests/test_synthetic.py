@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from ondevice.errors import OndeviceError
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.catalog import hub
 from ondevice.synthetic.blocks import generator, pack_k_scales, random_blocks
 from ondevice.synthetic.cache import load_measurement
@@ -202,7 +202,7 @@ def test_disk_tier_reports_the_bytes_read_from_disk_per_pass(tmp_path, monkeypat
 
 
 def test_what_would_not_fit_is_refused_before_it_is_written(tmp_path, monkeypatch):
-    from ondevice import pipeline
+    from ondevice import loading
     from ondevice.plan.ram import RamBudget
     from ondevice.synthetic import measure as measure_module
 
@@ -211,7 +211,7 @@ def test_what_would_not_fit_is_refused_before_it_is_written(tmp_path, monkeypatc
     with pytest.raises(OndeviceError, match="qwen2.5-7b needs 30 GB of RAM as the torch target runs it") as info:
         measure(from_preset(PRESETS["qwen2.5-7b"]), LoadOptions(target_backend="torch"), show=False)  # fp32 on a CPU
     assert "--ram-memory" in str(info.value)
-    monkeypatch.setattr(pipeline, "ram_budget", lambda: RamBudget(300 << 20, "test"))  # not even room to stream
+    monkeypatch.setattr(loading, "ram_budget", lambda: RamBudget(300 << 20, "test"))  # not even room to stream
     with pytest.raises(OndeviceError, match="qwen2.5-7b would page heavily here"):
         measure(from_preset(PRESETS["qwen2.5-7b"]), LoadOptions(target_backend="llama"), show=False)
     assert not models_dir().exists()

@@ -19,7 +19,7 @@ from ondevice.eval.measured import record_bench
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec
 from ondevice.errors import OndeviceError
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.plan.hardware import machine_facts
 from ondevice.plan.ram import peak_rss
 from ondevice.verify import Sampling

@@ -19,7 +19,7 @@ from ondevice.cli.decoding import console, err, load_pipeline, make_spec, stats_
 from ondevice.cli.terminal import LineReader, ctrl_c_stops_the_answer
 from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.verify import Sampling
 
 HELP = """commands:

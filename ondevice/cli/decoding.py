@@ -8,7 +8,8 @@ from rich.console import Console
 from ondevice import pipeline
 from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
-from ondevice.pipeline import LoadOptions, Pipeline
+from ondevice.loading import LoadOptions
+from ondevice.pipeline import Pipeline
 from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
 from ondevice.verify import Sampling
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ondevice.catalog.pairs import ModelPair
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.cli.models_cmd import target_place
 from ondevice.plan.acceptance import MEASURED_PRIOR
 from ondevice.plan.ram import ram_budget

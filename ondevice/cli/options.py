@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 
 Model = Annotated[
     Optional[str],

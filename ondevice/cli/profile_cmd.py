@@ -20,7 +20,7 @@ from rich.table import Table
 from ondevice.catalog import hub
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
-from ondevice.pipeline import LoadOptions, load_backends
+from ondevice.loading import LoadOptions, load_backends
 from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.backends import BackendOption, backend_options, best_backends
 from ondevice.plan.cost_model import Plan, plan_as_dict

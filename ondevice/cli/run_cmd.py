@@ -11,7 +11,7 @@ import typer
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import err, load_pipeline, make_spec, stats_line
 from ondevice.engine import Stats
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.plan.ram import peak_rss
 from ondevice.verify import Sampling
 

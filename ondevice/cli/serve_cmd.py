@@ -10,7 +10,7 @@ import typer
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import err, load_pipeline, make_spec
 from ondevice.errors import OndeviceError
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.sizes import parse_size
 from ondevice.verify import Sampling
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ondevice.cli.decoding import console, err
 from ondevice.errors import OndeviceError
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.cache import SyntheticMeasurement
 from ondevice.synthetic.measure import compare_with_real, measure

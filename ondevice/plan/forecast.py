@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ondevice import pipeline
+from ondevice import loading
 from ondevice.catalog.pairs import ModelPair
 from ondevice.eval.measured import load_measured
 from ondevice.plan.acceptance import acceptance_for
 from ondevice.plan.cost_model import Plan, choose_plan
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.plan.hardware import Curves, default_threads, machine_facts
 from ondevice.synthetic.cache import SyntheticMeasurement, load_measurement
 from ondevice.synthetic.measure import budgets_label
@@ -75,7 +75,7 @@ def forecast(pair: ModelPair, opts: LoadOptions | None = None) -> Forecast:
     (default: what a plain `ondevice chat` would use)."""
     opts = opts or LoadOptions()
     threads = opts.threads or default_threads()
-    backend = pipeline.backend_label(pipeline.pick_backend(opts.target_backend), threads)
+    backend = loading.backend_label(loading.pick_backend(opts.target_backend), threads)
     budgets = budgets_label(opts)
     fingerprint = machine_facts().fingerprint()
     family = find_shape(pair.target.shape).family if pair.target.shape else ""
@@ -84,7 +84,7 @@ def forecast(pair: ModelPair, opts: LoadOptions | None = None) -> Forecast:
                       shapes=f"{pair.target.shape} + {pair.drafter.shape}", command=measure_command(pair.name, opts))
     if pair.target.shape and pair.drafter.shape:
         result.target = load_measurement(fingerprint, pair.target.shape, "target", backend, budgets)
-        result.drafter = load_measurement(fingerprint, pair.drafter.shape, "drafter", pipeline.backend_label("llama", threads))
+        result.drafter = load_measurement(fingerprint, pair.drafter.shape, "drafter", loading.backend_label("llama", threads))
     if result.target is None or result.drafter is None:
         return result
     curves = Curves(result.target.curve, result.drafter.curve)

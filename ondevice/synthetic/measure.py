@@ -2,7 +2,7 @@
 
     m = measure(model, LoadOptions(), ns=(1, 4, 16))   # writes the GGUF, measures, removes it
 
-The target runs through the pipeline's own loader (`pipeline.load_model_file`): the backend and
+The target runs through the pipeline's own loader (`loading.load_model_file`): the backend and
 placement a real model of that shape would get (llama.cpp resident; torch resident, streamed
 RAM→GPU under --gpu-memory, or from disk under --ram-memory). The bandwidth it is compared with is
 measured in the same run with the profile's functions (ondevice.plan.hardware): disk read of the
@@ -18,11 +18,11 @@ from typing import Iterator, Sequence
 
 import psutil
 
-from ondevice import pipeline
+from ondevice import loading
 from ondevice.errors import OndeviceError
 from ondevice.offload.placement import RAM_MARGIN
 from ondevice.paths import home
-from ondevice.pipeline import LoadOptions
+from ondevice.loading import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
@@ -87,9 +87,9 @@ def model_size(model: SyntheticModel) -> ModelSize:
 
 def memory_plan(model: SyntheticModel, opts: LoadOptions, drafter: SyntheticModel | None = None) -> MemoryPlan | None:
     """The pipeline's memory plan for a llama.cpp target of this shape beside its drafter (None: not a llama.cpp target)."""
-    if model.role != "target" or pipeline.pick_backend(opts.target_backend) != "llama":
+    if model.role != "target" or loading.pick_backend(opts.target_backend) != "llama":
         return None
-    return pipeline.plan_for(model_size(model), model_size(drafter) if drafter else None, opts)
+    return loading.plan_for(model_size(model), model_size(drafter) if drafter else None, opts)
 
 
 def measure(
@@ -105,7 +105,7 @@ def measure(
         bandwidths = Bandwidths(measure_ram_bandwidth(), disk_read=measure_disk_read(path))  # disk first: before a backend maps it
         if facts.gpus:
             bandwidths.host_to_device, bandwidths.device_to_host = measure_pinned_bandwidth()
-        backend, runner = pipeline.load_model_file(path, model.role, opts, memory)
+        backend, runner = loading.load_model_file(path, model.role, opts, memory)
         sizes, note = default_sizes(model.role, backend, memory)
         if ns:
             sizes, note = tuple(sorted(set(ns))), ""
@@ -142,7 +142,7 @@ def check_fits(model: SyntheticModel, opts: LoadOptions, memory: MemoryPlan | No
         return
     if model.role == "drafter":
         backend, size = "llama.cpp", file_bytes(list(model.tensors))
-    elif pipeline.pick_backend(opts.target_backend) == "torch" and on_cpu and not (opts.gpu_memory or opts.ram_memory):
+    elif loading.pick_backend(opts.target_backend) == "torch" and on_cpu and not (opts.gpu_memory or opts.ram_memory):
         backend, size = "the torch target", 4 * model.shape.parameters()
     else:
         return
@@ -193,8 +193,8 @@ def compare_with_real(
         raise ValueError("no real file to compare with")
     with synthetic_file(model, seed, keep=False, show=show) as path:
         plan = memory_plan(model, opts)  # the same plan for both: the twin has the real file's tensors
-        _, real = pipeline.load_model_file(model.real_file, "target", opts, plan)
-        _, twin = pipeline.load_model_file(path, "target", opts, plan)
+        _, real = loading.load_model_file(model.real_file, "target", opts, plan)
+        _, twin = loading.load_model_file(path, "target", opts, plan)
         try:
             curves: dict[str, list[LatencyCurve]] = {"real": [], "twin": []}
             for _ in range(rounds):
