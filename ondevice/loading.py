@@ -6,7 +6,9 @@ the target and drafter each backend loads. `pipeline.load_pipeline` wires them i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import multiprocessing
+import sys
+from dataclasses import dataclass, replace
 
 from ondevice.catalog import refs
 from ondevice.catalog.choose import Models, choose
@@ -124,8 +126,8 @@ def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str,
     """(target backend, drafter backend): what was asked for, else the fastest pair this machine has
     measured for the pair (plan/backends.py, from the saved profile), else llama.cpp on a CPU and
     torch on a GPU. `ondevice profile` measures every backend, so auto can choose after it. Where the
-    target streams from disk the drafter decides the speed, so there the drafters are measured
-    (each alone, before anything is loaded) and the faster one drafts."""
+    target streams from disk, the drafters that leave it the most RAM (`leanest_drafters`) are
+    measured (each alone, before anything is loaded) and the faster one drafts."""
     target = None if opts.target_backend == "auto" else opts.target_backend
     drafter = None if opts.drafter_backend == "auto" else opts.drafter_backend
     if target is None and pick_backend("auto") == "torch":
@@ -138,15 +140,91 @@ def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str,
         from ondevice.paths import home
 
         planned = (target or "llama", drafter or "llama")
-        backends = _profile_backends(models, *planned, threads, opts, memory=memory_plan(models, opts, *planned))
+        memory = memory_plan(models, opts, *planned)
+        drafters = CPU_BACKENDS
+        if drafter is None and models.drafter is not None and memory is not None and memory.streams:
+            drafters = leanest_drafters(models, opts, planned[0])
+            drafter = drafters[0] if len(drafters) == 1 else None
+            planned = (planned[0], drafter or "llama")
+            memory = memory_plan(models, opts, *planned)
+        backends = _profile_backends(models, *planned, threads, opts, memory=memory, drafters=drafters)
         if drafter is None and models.drafter is not None and backends.memory is not None and backends.memory.streams:
-            saved, _ = get_profile(backends, compare=True)
+            saved = streaming_profile(models, planned, threads, opts, drafters, compare=True) or get_profile(backends, compare=True)[0]
         else:
             saved = load_profile(machine_facts(home()), backends)
         choice = best_backends(saved, AcceptanceTracker.load(models.name).p_rank, target, drafter)
         if choice is not None:
             target, drafter = target or choice.target, drafter or choice.drafter
     return target or pick_backend("auto"), drafter or "llama"
+
+
+def streaming_profile(models: Models, planned: tuple[str, str], threads: int, opts: LoadOptions, drafters=CPU_BACKENDS,
+                      compare: bool = False):
+    """The saved profile of a pair whose target streams from disk, measured first in a child process
+    when none is saved (None if that failed: the caller measures here). Measured in this process, a
+    profile leaves memory the plan does not count — llama.cpp's buffers grown for the largest batches
+    it probes (+75 MB for the default pair), ONNX Runtime's when another drafter is compared
+    (+146 MB) — and the kernel then evicts the layers the plan keeps cached: 0.63-0.67 GB read per
+    pass against 0.36 planned (AVX-512 EPYC, 1.3 GB cgroup). A child's memory goes when it exits."""
+    from ondevice.paths import home
+    from ondevice.plan.hardware import machine_facts
+    from ondevice.plan.profile import load_profile
+
+    def saved():
+        memory = memory_plan(models, opts, *planned)
+        return load_profile(machine_facts(home()), _profile_backends(models, *planned, threads, opts, memory=memory, drafters=drafters))
+
+    found = saved()
+    if found is not None and planned[0] in found.targets and planned[1] in found.drafters:
+        return found
+    plan = memory_plan(models, opts, *planned)
+    left = replace(opts, ram_memory=max(1, plan.budget.bytes - plan.process_bytes))  # what is left while this process waits
+    child = multiprocessing.get_context("spawn").Process(
+        target=_measure_streaming, args=(models, planned, threads, left, plan.process_bytes, drafters, compare), name="ondevice-profile"
+    )
+    child.start()
+    child.join()
+    return saved() if child.exitcode == 0 else None
+
+
+def _measure_streaming(models: Models, planned: tuple[str, str], threads: int, opts: LoadOptions, process_bytes: int, drafters,
+                       compare: bool) -> None:
+    """In the child process of `streaming_profile`: measure and save the profile, planned as the
+    parent plans (the same process size) within what the parent leaves."""
+    from ondevice.plan.profile import get_profile
+
+    try:
+        memory = memory_plan(models, opts, *planned, process_bytes=process_bytes)
+        get_profile(_profile_backends(models, *planned, threads, opts, memory=memory, drafters=drafters), compare=compare)
+    except Exception as err:  # noqa: BLE001 - one line; the parent measures in its own process instead
+        print(f"ondevice: measuring the streaming profile apart failed ({err}); the main process measures it", file=sys.stderr)
+        sys.exit(1)
+
+
+def trim_if_streaming(models: Models, opts: LoadOptions, status=None) -> None:
+    """Where a llama.cpp target will stream from disk, write the drafter trimmed to the keep set its
+    catalog entry ships (once, seconds): a smaller drafter leaves more of the target cached. Before
+    the backends are chosen, so that the choice and the profile see the drafter that will draft."""
+    if not opts.vocab_trim or models.drafter is None or opts.drafter_backend == "onnx" or pick_backend(opts.target_backend) != "llama":
+        return
+    memory = memory_plan(models, opts, "llama", "llama")
+    if memory is not None and memory.streams:
+        from ondevice.quant.shipped_trim import trim_for_streaming
+
+        trim_for_streaming(models.name, models.drafter, models.drafter_sha256, status)
+
+
+def leanest_drafters(models: Models, opts: LoadOptions, target: str) -> tuple[str, ...]:
+    """For a target that streams from disk: the drafter backends whose memory plan reads the fewest
+    bytes per pass. A streamed pass costs about the bytes it reads, and every byte a drafter holds
+    in RAM is one more the target reads again each pass, which no faster drafting wins back (AVX-512
+    EPYC, 1.3 GB, chat: the ONNX drafter, 491 MB as counted, 572 MB resident, drafted best-first @15
+    in 160 ms against llama.cpp's 264 ms, but left the target 620 MB to read per pass against 361
+    with the 300 MB trimmed llama.cpp drafter: README, "Larger than memory"). Drafters that leave
+    the same are compared by their measured speed."""
+    reads = {d: memory_plan(models, opts, target, d).bytes_read_per_pass for d in CPU_BACKENDS}
+    least = min(reads.values())
+    return tuple(d for d in CPU_BACKENDS if reads[d] == least)
 
 
 def _largest_tree(on_gpu: bool) -> int:
@@ -218,9 +296,9 @@ def load_model_file(path, role: str, opts: LoadOptions, memory: MemoryPlan | Non
 
 
 def _profile_backends(models: Models, target: str, drafter: str, threads: int, opts: LoadOptions, make_target=None, make_decode_batch=None,
-                      memory: MemoryPlan | None = None):
+                      memory: MemoryPlan | None = None, drafters: tuple[str, ...] = CPU_BACKENDS):
     """What the profile measures: the loaded target and drafter (factories given), and the other
-    CPU backends `ondevice profile` compares them with. One profile file per pair and machine setup
+    CPU backends `ondevice profile` compares them with (of `drafters`). One profile file per pair and machine setup
     ("cpu-t2", "cuda-t16"; "cpu-t2-stream" when the memory plan streams the target from disk, another
     regime): every backend's curves live in it."""
     from ondevice.plan.profile import ProfileBackends
@@ -231,7 +309,7 @@ def _profile_backends(models: Models, target: str, drafter: str, threads: int, o
     files = [(models.target, models.target_sha256)] + ([(models.drafter, models.drafter_sha256)] if models.drafter else [])
     others_t = {name: (lambda name=name: _load_target(name, models.target, opts, threads)) for name in CPU_BACKENDS if name != target}
     others_d = {} if models.drafter is None else {
-        name: (lambda name=name: _load_drafter(name, models.drafter, opts, threads).probe_batch) for name in CPU_BACKENDS if name != drafter
+        name: (lambda name=name: _load_drafter(name, models.drafter, opts, threads).probe_batch) for name in drafters if name != drafter
     }  # fmt: skip
     if streams:  # another target would not run within the plan; another drafter is measured alone (pick_backends)
         others_t = {}
@@ -254,6 +332,7 @@ def load_backends(opts: LoadOptions):
         raise OndeviceError("`ondevice profile` measures a target and its drafter: pass --drafter FILE.")
     threads = opts.threads or default_threads()
     process = anon_rss()
+    trim_if_streaming(models, opts)
     target, drafter = pick_backends(opts, models, threads)
     return _profile_backends(models, target, drafter, threads, opts, memory=memory_plan(models, opts, target, drafter, process_bytes=process))
 

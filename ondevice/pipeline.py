@@ -20,6 +20,7 @@ from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.loading import (
     DEFAULT_CTX, LoadOptions, _load_drafter, _load_target, _profile_backends, _with_lookup, memory_plan, pick_backends, sized_context,
+    streaming_profile, trim_if_streaming,
 )
 from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.cost_model import Plan, plan_as_dict
@@ -194,16 +195,14 @@ def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None
     threads = opts.threads or default_threads()
     tokenizer = Tokenizer(models.target)
     process = anon_rss()  # before pick_backends may measure (and free) models: the plan is the same every run
+    trim_if_streaming(models, opts, status)  # the catalog's keep set: a smaller drafter, more layers cached
     backend, drafter_backend = pick_backends(opts, models, threads)
     memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
-    if memory is not None and memory.streams and drafter_backend == "llama" and opts.vocab_trim and models.drafter is not None:
-        from ondevice.quant.shipped_trim import trim_for_streaming  # the catalog's keep set: a smaller drafter, more layers cached
-
-        if trim_for_streaming(models.name, models.drafter, models.drafter_sha256, status):
-            memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
     if opts.n_ctx is None and memory is not None and memory.streams and opts.prompts:
         opts = replace(opts, n_ctx=min(DEFAULT_CTX, sized_context(tokenizer, opts.prompts, opts.max_tokens, memory.sizes.max_tree)))
         memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
+    if memory is not None and memory.streams and models.drafter is not None:
+        streaming_profile(models, (backend, drafter_backend), threads, opts)  # measured apart: see there
     drafter = None
     if models.drafter is not None:
         check_same_vocab(tokenizer, Tokenizer(models.drafter))

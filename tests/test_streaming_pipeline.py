@@ -20,6 +20,7 @@ from ondevice.plan.profile import Profile, save_profile
 from ondevice.protocols import DraftSpec
 from ondevice.quant import shipped_trim, vocab_trim
 from ondevice.verify import Sampling
+import tiny_models
 from tiny_models import write_tiny_pair
 
 from test_backends import FAST_DRAFT, SLOW_DRAFT, curve
@@ -35,16 +36,16 @@ def tiny_home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def stream_tiny_target(home, monkeypatch) -> None:
-    """A RAM budget that holds everything but the tiny target's weights: it must stream. The
-    process counts as 200 MB throughout (its real size moves as models are measured and freed)."""
+def stream_tiny_target(home, monkeypatch, name: str = "tiny", extra: int = 0) -> None:
+    """A RAM budget that holds everything but the tiny target's weights (and `extra` bytes): it must
+    stream. The process counts as 200 MB throughout (its real size moves as models are measured and freed)."""
     monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
     monkeypatch.setattr(pipeline, "anon_rss", lambda: 200 << 20)
     models = home / "models"
-    target, drafter = ModelSize.from_gguf(models / "tiny-target.gguf"), ModelSize.from_gguf(models / "tiny-drafter.gguf")
+    target, drafter = ModelSize.from_gguf(models / f"{name}-target.gguf"), ModelSize.from_gguf(models / f"{name}-drafter.gguf")
     sizes = memory.context_sizes(256, 64, streams=True)  # streaming with trees up to 64 nodes
     resident = (200 << 20) + drafter.file_bytes + sum(memory._buffers(target, drafter, 256, sizes, memory.F16).values())
-    budget = resident + target.streamed_window + MARGIN  # room to stream, not to keep the weights
+    budget = resident + target.streamed_window + MARGIN + extra  # room to stream, not to keep the weights
     monkeypatch.setattr(loading, "ram_budget", lambda: ram.RamBudget(budget, "test"))
 
 
@@ -89,15 +90,22 @@ def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them
     assert sized == full  # the KV cache's size changes what stays cached, never the answer
 
 
-def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(tiny_home, monkeypatch):
-    monkeypatch.setattr(shipped_trim, "SHIPPED_DIR", tiny_home / "shipped")
-    drafter = pipeline.choose("tiny", None, None, True).drafter
+def ship_tiny_keep_set(home, monkeypatch, name: str = "tiny"):
+    """The tiny pair's catalog ships a keep set (every third id), as the default pair's does; no
+    trimmed drafter is built yet. Returns (the drafter's path, the kept ids)."""
+    monkeypatch.setattr(shipped_trim, "SHIPPED_DIR", home / "shipped")
+    drafter = pipeline.choose(name, None, None, True).drafter
     keep = np.union1d(vocab_trim.always_kept_ids(gguf.GGUFReader(drafter)), np.arange(0, 320, 3))
     built = vocab_trim.build_trimmed(drafter, keep, "test: every third id")
-    (tiny_home / "shipped").mkdir()
-    shipped_trim.export(built, "tiny")
+    (home / "shipped").mkdir()
+    shipped_trim.export(built, name)
     for path in vocab_trim.trimmed_paths(drafter):  # shipped with the catalog, not built here
         path.unlink()
+    return drafter, keep
+
+
+def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(tiny_home, monkeypatch):
+    drafter, keep = ship_tiny_keep_set(tiny_home, monkeypatch)
     assert shipped_trim.shipped_keep_ids("tiny", "0" * 64) is None  # for another drafter file: nothing
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
         assert pipe.memory.target_in_ram and not pipe.engine.drafter.model.vocab_trimmed
@@ -137,3 +145,38 @@ def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(t
             assert pipe.memory.streams and pipe.info["drafter_backend"] == faster and pipe.target_backend == "llama"
             spec = pipe.resolve(DraftSpec("auto", 0), Sampling())
             assert spec is not None and spec.builder != "lookup"  # a flat, disk-bound curve: the drafter drafts
+
+
+def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(tiny_home, monkeypatch):
+    monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
+    monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 8)  # layers enough for a plan to keep some
+    write_tiny_pair(tiny_home, name="deep", arch="llama", head_scale=3.0)
+    ship_tiny_keep_set(tiny_home, monkeypatch, "deep")
+    target = ModelSize.from_gguf(tiny_home / "models" / "deep-target.gguf")
+    stream_tiny_target(tiny_home, monkeypatch, "deep", extra=max(target.layer_bytes) + target.head_bytes - 1)  # the head, less a byte
+    opts = loading.LoadOptions(pair="deep", threads=1, n_ctx=256)
+    models = pipeline.choose("deep", None, None, True)
+    assert loading.leanest_drafters(models, opts, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
+    loading.trim_if_streaming(models, opts)
+    trimmed = loading.memory_plan(models, opts, "llama", "llama")
+    assert trimmed.bytes_read_per_pass < loading.memory_plan(models, opts, "llama", "onnx").bytes_read_per_pass
+    assert loading.leanest_drafters(models, opts, "llama") == ("llama",)  # trimmed, it leaves room for the LM head
+    assert loading.pick_backends(opts, models, threads=1) == ("llama", "llama")
+    assert not list((tiny_home / "profiles").glob("*.json"))  # decided by memory: no drafter was loaded to be measured
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("a streaming target's profile is measured in a child process, not in the one that serves")
+
+    monkeypatch.setattr(profile_store, "measure_profile", not_here)
+    with ondevice.load("deep", threads=1, n_ctx=256) as pipe:
+        assert pipe.info["drafter_backend"] == "llama" and pipe.engine.drafter.model.vocab_trimmed
+        assert pipe.memory.bytes_read_per_pass == trimmed.bytes_read_per_pass
+        pipe.resolve(DraftSpec("auto", 0), Sampling())  # uses the profile the child measured and saved
+    (path,) = (tiny_home / "profiles").glob("*-deep-cpu-t1-stream.json")
+    measured = Profile.from_dict(json.loads(path.read_text()))
+    assert set(measured.drafters) == {"llama"}
+    measured.targets = {"llama": DISK_BOUND}
+    measured.drafters = {"llama": SLOW_DRAFT, "onnx": FAST_DRAFT}  # ONNX Runtime drafting faster does not win back the RAM
+    save_profile(measured)
+    with ondevice.load("deep", threads=1, n_ctx=256) as pipe:
+        assert pipe.info["drafter_backend"] == "llama"
