@@ -88,9 +88,10 @@ def test_pieces_cover_a_span_exactly():
     assert (pieces[0].start, pieces[0].offset) == (span.start, span.offset)
 
 
-def test_a_prefetched_layer_longer_than_one_readahead_is_read_whole(tmp_path):
-    """One MADV_WILLNEED reads at most the device's readahead size; a layer three times that long
-    must still be in the page cache after the window prefetches it (advised whole: a third)."""
+@pytest.fixture
+def uncached_file(tmp_path):
+    """(path, its mapping in this process, its size): random bytes, three readahead windows long,
+    mapped and dropped from the page cache."""
     path = tmp_path / "layer.bin"
     size = 3 * readahead_bytes(tmp_path)
     with path.open("wb") as f:
@@ -102,17 +103,36 @@ def test_a_prefetched_layer_longer_than_one_readahead_is_read_whole(tmp_path):
     try:
         os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
         mapping = find_mapping(path)
-        layer = [Span(mapping[0], size, 0)]
-        if resident_fraction(layer) > 0.1:
+        if resident_fraction([Span(mapping[0], size, 0)]) > 0.1:
             pytest.skip("this file system keeps the file cached (tmpfs?): nothing to prefetch")
-        window = LayerWindow(path, mapping, {0: layer}, ahead=1)
-        window.pass_starts()
-        window.drain()
-        deadline = time.monotonic() + 10  # MADV_WILLNEED starts reads and returns
-        while resident_fraction(layer) < 0.95 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert resident_fraction(layer) > 0.95
-        window.close()
+        yield path, mapped, mapping, size
     finally:
         mapped.close()
         os.close(fd)
+
+
+def test_a_row_of_the_input_embeddings_is_read_alone(uncached_file):
+    """The mapping is MADV_SEQUENTIAL, where a fault reads a whole readahead window (a third of this
+    file); llama.cpp reads the input embeddings a row per token, so their span is MADV_RANDOM."""
+    path, mapped, mapping, size = uncached_file
+    rows = [Span(mapping[0], size, 0)]
+    window = LayerWindow(path, mapping, {}, ahead=1, rows=rows)
+    window.drain()
+    assert mapped[size // 2] is not None  # one row looked up: a page fault in the middle
+    assert resident_fraction(rows) < 0.02
+    window.close()
+
+
+def test_a_prefetched_layer_longer_than_one_readahead_is_read_whole(uncached_file):
+    """One MADV_WILLNEED reads at most the device's readahead size; a layer three times that long
+    must still be in the page cache after the window prefetches it (advised whole: a third)."""
+    path, mapped, mapping, size = uncached_file
+    layer = [Span(mapping[0], size, 0)]
+    window = LayerWindow(path, mapping, {0: layer}, ahead=1)
+    window.pass_starts()
+    window.drain()
+    deadline = time.monotonic() + 10  # MADV_WILLNEED starts reads and returns
+    while resident_fraction(layer) < 0.95 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert resident_fraction(layer) > 0.95
+    window.close()
