@@ -4,6 +4,7 @@ ondevice's target alone gives (f32 tiny models: batch noise far below their logi
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,10 @@ from ondevice.engine import SpecEngine, Step
 from ondevice.errors import OndeviceError
 from ondevice.eval import llamacpp_rows
 from ondevice.target.llama_target import LlamaTarget
-from tiny_models import write_tiny_gguf
+from ondevice.catalog.choose import choose
+from ondevice.eval.prompts import CODE_EVAL
+from ondevice.prompt.tokenizer import Tokenizer
+from tiny_models import write_tiny_gguf, write_tiny_pair
 
 PROMPTS = [[5, 17, 42, 99, 7], [120, 3, 3, 250, 61, 8, 19]]
 
@@ -48,3 +52,19 @@ def test_baseline_names():
     for bad in ("llama", "llama-cpp@3", "llama-cpp-spec@0", "llama-cpp-spec@x"):
         with pytest.raises(OndeviceError, match="unknown baseline"):
             llamacpp_rows.llamacpp_name(bad)
+
+
+def test_the_rows_run_in_a_process_of_their_own_from_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    write_tiny_pair(tmp_path, arch="llama", head_scale=3.0)
+    out = tmp_path / "rows.json"
+    llamacpp_rows.main(["--pair", "tiny", "--prompts", "code", "--limit", "1", "--max-tokens", "12", "--ctx", "512", "--threads", "1",
+                        "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    models = choose("tiny", None, None, True)
+    tokenizer = Tokenizer(models.target)
+    ids = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": CODE_EVAL[0]}]), add_special=False, parse_special=True)
+    engine = SpecEngine(LlamaTarget(models.target, n_ctx=512, threads=1), None, tokenizer.is_end)
+    reference = [t for item in engine.generate(ids, 12) if isinstance(item, Step) for t in item.tokens]
+    assert row["outputs"] == [reference] and row["config"] == "llama-cpp-python, target alone"
+    assert row["tokens"] == len(reference) - 1 and row["peak_rss_bytes"] > 0

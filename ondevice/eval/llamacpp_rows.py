@@ -12,12 +12,22 @@ The `Llama` target is loaded as llama-cpp-python loads it by default (memory-map
 weight repacking on), except that on CPUs with AMX repacking stays off (the crash guard of
 llama_backend.py); the drafter is memory-mapped too. With a draft model it keeps logits for every token of a batch, so its batch is
 capped at 64 tokens (a 512-token batch's logits alone take 600 MB).
+
+Under a memory limit, run the rows in a process of their own, as a llama.cpp user would:
+
+    python -m ondevice.eval.lowmem --cgroup 1.2GB -- python -m ondevice.eval.llamacpp_rows --prompts chat --limit 2 --max-tokens 48
+
+`ondevice bench --baselines` runs them in the bench's process after freeing its models, where what
+that process still holds (the interpreter, torch and ONNX Runtime loaded: ~0.2 GB more than here)
+shares the limit: in a 1.3 GB cgroup the default pair's target alone ran 1.3 tok/s there and
+14 tok/s in its own process (its 1.1 GB file then fits).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Callable, Sequence
 
 import llama_cpp
@@ -136,3 +146,41 @@ def run_row(config: str, llm: llama_cpp.Llama, prompts: Sequence[Sequence[int]],
         if on_prompt:
             on_prompt()
     return result, outputs
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The llama-cpp-python rows alone, on one of the bench's prompt sets, in this process."""
+    import argparse
+    import json
+
+    from ondevice.catalog.choose import choose
+    from ondevice.eval import prompts as prompt_sets
+    from ondevice.plan.ram import peak_rss
+    from ondevice.prompt.tokenizer import Tokenizer
+
+    parser = argparse.ArgumentParser(prog="python -m ondevice.eval.llamacpp_rows", description=main.__doc__)
+    parser.add_argument("--pair", default=None, help="catalog pair (default: the default pair)")
+    parser.add_argument("--prompts", choices=("code", "chat"), default="chat")
+    parser.add_argument("--limit", type=int, default=0, help="the first N prompts (0: all)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--ctx", type=int, default=256, help="context tokens (ondevice's bench sizes a streaming target's to its prompts)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", default="llama-cpp", help="comma-separated: llama-cpp, llama-cpp-spec@K")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    models = choose(args.pair, None, None, True)
+    tokenizer = Tokenizer(models.target)
+    texts = {"code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL}[args.prompts][: args.limit or None]
+    ids = [tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": t}]), add_special=False, parse_special=True) for t in texts]
+    rows = []
+    for name in args.rows.split(","):
+        result, outputs = run_named(llamacpp_name(name.strip()), models, args.ctx, args.threads, ids, args.max_tokens, tokenizer.is_end)
+        result.peak_rss_bytes = peak_rss()
+        rows.append({**result.to_dict(), "outputs": outputs})
+        print(f"{result.config}: {result.tokens} tokens in {result.decode_seconds:.1f} s, {result.tokens / result.decode_seconds:.2f} tok/s")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"prompts": args.prompts, "max_tokens": args.max_tokens, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
