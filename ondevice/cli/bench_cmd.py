@@ -219,7 +219,8 @@ def bench(
     baselines: str = typer.Option(
         None, "--baselines", help="Also run what a llama.cpp user would, after ondevice's rows (its models freed first): "
         "llama-cpp (llama-cpp-python's Llama, the target alone), llama-cpp-spec@K (its speculative decoding, a greedy chain of K "
-        "tokens from the drafter; default K 4). Comma-separated.",
+        "tokens from the drafter; default K 4). Comma-separated. They share this process's memory: under a memory limit, run "
+        "`python -m ondevice.eval.llamacpp_rows` in a process of its own instead.",
     ),
     *,
     load: LoadOptions,

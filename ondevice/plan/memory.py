@@ -1,9 +1,9 @@
 """The memory plan: where the target lives, decided at load from sizes alone.
 
-    plan = plan_memory(ModelSize.from_gguf(target), ModelSize.from_gguf(drafter), n_ctx=4096, ahead=2)
-    plan.describe()   # 'target streams from disk (781 MB read per pass), its first 7 of 28 layers kept
-                      #  in RAM: 1.1 GB target, RAM 1.3 GB (cgroup limit 1.3 GB) holds drafter 491 MB,
-                      #  buffers 350 MB (context 4096 tokens, trees up to 64 nodes), process 100 MB'
+    plan = plan_memory(ModelSize.from_gguf(target), ModelSize.from_gguf(trimmed_drafter), n_ctx=256, ahead=2)
+    plan.describe()   # 'target streams from disk (470 MB read per pass), its LM head and first 11 of 28
+                      #  layers kept in RAM: 1.1 GB target, RAM 1.2 GB (cgroup limit 1.2 GB) holds drafter
+                      #  300 MB, buffers 114 MB (context 256 tokens, trees up to 64 nodes), process 100 MB'
 
 Memory model, in bytes, for a llama.cpp target on a CPU:
 
