@@ -18,9 +18,9 @@ Under a memory limit, run the rows in a process of their own, as a llama.cpp use
     python -m ondevice.eval.lowmem --cgroup 1.2GB -- python -m ondevice.eval.llamacpp_rows --prompts chat --limit 2 --max-tokens 48
 
 `ondevice bench --baselines` runs them in the bench's process after freeing its models, where what
-that process still holds (the interpreter, torch and ONNX Runtime loaded: ~0.2 GB more than here)
-shares the limit: in a 1.3 GB cgroup the default pair's target alone ran 1.3 tok/s there and
-14 tok/s in its own process (its 1.1 GB file then fits).
+that process still holds (100 MB before any model loads, against ~45 MB here, and what freed models
+leave behind) shares the limit: in a 1.3 GB cgroup the default pair's target alone ran 1.3 tok/s
+there and 14 tok/s in its own process (its 1.1 GB file then fits).
 """
 
 from __future__ import annotations
