@@ -170,21 +170,18 @@ def streaming_profile(models: Models, planned: tuple[str, str], threads: int, op
     from ondevice.plan.hardware import machine_facts
     from ondevice.plan.profile import load_profile
 
-    def saved():
-        memory = memory_plan(models, opts, *planned)
-        return load_profile(machine_facts(home()), _profile_backends(models, *planned, threads, opts, memory=memory, drafters=drafters))
-
-    found = saved()
+    plan = memory_plan(models, opts, *planned)
+    facts, backends = machine_facts(home()), _profile_backends(models, *planned, threads, opts, memory=plan, drafters=drafters)
+    found = load_profile(facts, backends)
     if found is not None and planned[0] in found.targets and planned[1] in found.drafters:
         return found
-    plan = memory_plan(models, opts, *planned)
     left = replace(opts, ram_memory=max(1, plan.budget.bytes - plan.process_bytes))  # what is left while this process waits
     child = multiprocessing.get_context("spawn").Process(
         target=_measure_streaming, args=(models, planned, threads, left, plan.process_bytes, drafters, compare), name="ondevice-profile"
     )
     child.start()
     child.join()
-    return saved() if child.exitcode == 0 else None
+    return load_profile(facts, backends) if child.exitcode == 0 else None
 
 
 def _measure_streaming(models: Models, planned: tuple[str, str], threads: int, opts: LoadOptions, process_bytes: int, drafters,
