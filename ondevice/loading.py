@@ -233,8 +233,7 @@ def _largest_tree(on_gpu: bool) -> int:
 def sized_context(tokenizer: Tokenizer, prompts, max_tokens: int, max_tree: int) -> int:
     """The context a streaming target needs for these prompts (chat-formatted or raw, whichever is
     longer) and their answers: its KV cache then takes what they use, not DEFAULT_CTX's cells."""
-    longest = max(max(len(tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": p}]), parse_special=True)),
-                      len(tokenizer.encode(p, add_special=True))) for p in prompts)
+    longest = max(max(len(tokenizer.encode_user(p)), len(tokenizer.encode(p, add_special=True))) for p in prompts)
     return answer_context(longest, max_tokens, max_tree)
 
 

@@ -91,7 +91,7 @@ class Pipeline:
     def encode_chat(self, messages: list[dict[str, str]], think: bool | None = None) -> list[int]:
         """The conversation through the target's chat template; think: Qwen3's thinking switch (None: its default)."""
         self._check_open()
-        return self.tokenizer.encode(self.tokenizer.render_chat(messages, think=think), add_special=False, parse_special=True)
+        return self.tokenizer.encode_chat(messages, think=think)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         self._check_open()

@@ -76,7 +76,7 @@ def make_target(backend: str, path):
 
 
 def chat_ids(tokenizer: Tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": text}]))
+    return tokenizer.encode_user(text)
 
 
 def decode(engine: SpecEngine, ids: list[int], spec: DraftSpec | None, n: int = N_TOKENS) -> list[int]:

@@ -63,7 +63,7 @@ def test_the_rows_run_in_a_process_of_their_own_from_the_command_line(tmp_path, 
     (row,) = json.loads(out.read_text())["rows"]
     models = choose("tiny", None, None, True)
     tokenizer = Tokenizer(models.target)
-    ids = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": CODE_EVAL[0]}]), add_special=False, parse_special=True)
+    ids = tokenizer.encode_user(CODE_EVAL[0])
     engine = SpecEngine(LlamaTarget(models.target, n_ctx=512, threads=1), None, tokenizer.is_end)
     reference = [t for item in engine.generate(ids, 12) if isinstance(item, Step) for t in item.tokens]
     assert row["outputs"] == [reference] and row["config"] == "llama-cpp-python, target alone"

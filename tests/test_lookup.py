@@ -246,7 +246,7 @@ def test_lookup_equals_target_alone_on_a_code_rewrite_real(real_pair, model, cap
     tokenizer = Tokenizer(path)
     target = LlamaTarget(path, n_ctx=1024, threads=2)
     engine = SpecEngine(target, DraftRouter(None, PromptLookupDrafter(target.n_vocab)), tokenizer.is_end)
-    prompt = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": REWRITE_PROMPT}]))
+    prompt = tokenizer.encode_user(REWRITE_PROMPT)
     alone, base = decode(engine, prompt, 64, None)
     out, stats = decode(engine, prompt, 64, LOOKUP)
     with capsys.disabled():

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.real
 
 def prompt_and_tree(path) -> tuple[list[int], DraftTree]:
     tokenizer = Tokenizer(path)
-    ids = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": prompts.CODE_EVAL[0]}]), add_special=False, parse_special=True)
+    ids = tokenizer.encode_user(prompts.CODE_EVAL[0])
     # a tree of 12: a chain of plausible code tokens and some siblings, under the prompt's last token
     words = tokenizer.encode("def add(a, b):\n    return a + b", add_special=False)
     parents = [-1] + list(range(len(words[:8]))) + [0, 1, 2]

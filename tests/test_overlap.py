@@ -262,7 +262,7 @@ def test_overlap_on_the_real_pair_equals_target_alone(real_pair):
     duo = SpecEngine(target, drafter, tokenizer.is_end, overlap=True)
     hits = 0
     for text in (prompts.CODE_EVAL[0], prompts.CHAT_EVAL[0]):
-        ids = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": text}]))
+        ids = tokenizer.encode_user(text)
         reference, _ = decode(alone, ids, 32)
         out, stats = decode(duo, ids, 32, DraftSpec("chain", 4))
         if out != reference:

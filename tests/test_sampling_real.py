@@ -42,7 +42,7 @@ def setup(real_pair):
     from ondevice.prompt.tokenizer import Tokenizer
 
     tok = Tokenizer(real_pair.target)
-    ids = tok.encode(tok.render_chat([{"role": "user", "content": PROMPT}]), add_special=False, parse_special=True)
+    ids = tok.encode_user(PROMPT)
     drafter = LlamaDrafter(real_pair.drafter, n_ctx=512, threads=2, vocab_trim=True)
     target = TorchTarget.from_gguf(real_pair.target, device="cpu", n_ctx=512, threads=2)
     return ids, drafter, target

@@ -234,9 +234,8 @@ def bench(
 
         return run_synthetic(synthetic, parse_list(budgets, int) if budgets else None, keep, compare_real, as_json, load)
     budgets = budgets or "4,16,64"
-    sets = {"eval": prompt_sets.EVAL, "code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL, "edit": prompt_sets.EDIT_EVAL, "calibration": prompt_sets.CALIBRATION}
-    if prompt_set not in sets:
-        raise OndeviceError(f"unknown prompt set {prompt_set!r}; choose one of {', '.join(sets)}.")
+    if prompt_set not in prompt_sets.SETS:
+        raise OndeviceError(f"unknown prompt set {prompt_set!r}; choose one of {', '.join(prompt_sets.SETS)}.")
     sampling = Sampling(temperature=temperature)
     tree_list, budget_list = parse_list(trees), parse_list(budgets, int)
     specs = [None] + [make_spec(t, None, False, sampling) for t in tree_list if t == "auto"]
@@ -244,7 +243,7 @@ def bench(
     if not load.draft:  # --no-draft: only the target-alone row
         specs = [None]
     pairs = parse_backends(backends) if backends else [None]
-    texts = sets[prompt_set][: limit or None]
+    texts = prompt_sets.SETS[prompt_set][: limit or None]
     load = replace(load, prompts=tuple(texts), max_tokens=max_tokens)  # a streaming target's context is sized to them
     names = [llamacpp_name(n) for n in parse_list(baselines)] if baselines else []
     best, report, curves, reference = {}, None, None, None  # best: config -> its fastest round

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m ondevice.eval.llamacpp_rows", description=main.__doc__)
     parser.add_argument("--pair", default=None, help="catalog pair (default: the default pair)")
-    parser.add_argument("--prompts", choices=("code", "chat"), default="chat")
+    parser.add_argument("--prompts", choices=tuple(prompt_sets.SETS), default="chat", help="as ondevice bench --prompts")
     parser.add_argument("--limit", type=int, default=0, help="the first N prompts (0: all)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ctx", type=int, default=256, help="context tokens (ondevice's bench sizes a streaming target's to its prompts)")
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     models = choose(args.pair, None, None, True)
     tokenizer = Tokenizer(models.target)
-    texts = {"code": prompt_sets.CODE_EVAL, "chat": prompt_sets.CHAT_EVAL}[args.prompts][: args.limit or None]
-    ids = [tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": t}]), add_special=False, parse_special=True) for t in texts]
+    texts = prompt_sets.SETS[args.prompts][: args.limit or None]
+    ids = [tokenizer.encode_user(t) for t in texts]
     rows = []
     for name in args.rows.split(","):
         result, outputs = run_named(llamacpp_name(name.strip()), models, args.ctx, args.threads, ids, args.max_tokens, tokenizer.is_end)

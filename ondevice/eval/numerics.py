@@ -162,7 +162,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     pair, facts = ensure_pair(load_pair(None)), machine_facts()
     tokenizer = Tokenizer(pair.target)
-    prompts = [tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": p}])) for p in (CODE_EVAL[0], CHAT_EVAL[0])]
+    prompts = [tokenizer.encode_user(p) for p in (CODE_EVAL[0], CHAT_EVAL[0])]
     print(f"{facts.cpu_model}, {facts.usable_cores} cores, {' '.join(facts.simd)}; 2 threads")
     print("passes of n tokens vs one token at a time, 2 prompts x 64 greedy tokens; cells: max |Δlogit| / max Δgap / argmax flips")
     print("| model | " + " | ".join(f"n = {n}" for n in sizes) + " |\n|---|" + "---|" * len(sizes))

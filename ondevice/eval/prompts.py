@@ -92,3 +92,4 @@ function groupByCity(data) {
 
 EVAL = CODE_EVAL + CHAT_EVAL
 CALIBRATION = CODE_CALIBRATION + CHAT_CALIBRATION
+SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "calibration": CALIBRATION}  # by --prompts name

@@ -106,6 +106,14 @@ class Tokenizer:
             eos_token=self.piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else "",
         )
 
+    def encode_chat(self, messages: list[dict[str, str]], think: bool | None = None) -> list[int]:
+        """`messages` through the chat template, as token ids (the template writes its own specials)."""
+        return self.encode(self.render_chat(messages, think=think), add_special=False, parse_special=True)
+
+    def encode_user(self, text: str) -> list[int]:
+        """One user message through the chat template, as token ids."""
+        return self.encode_chat([{"role": "user", "content": text}])
+
     @property
     def can_switch_thinking(self) -> bool:
         return bool(self.chat_template) and chat_template.has_thinking_switch(self.chat_template)

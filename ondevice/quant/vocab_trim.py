@@ -65,7 +65,7 @@ def calibration_token_counts(
     from ondevice.prompt.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(target_gguf)
-    chats = [tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": p}]), parse_special=True) for p in prompts]
+    chats = [tokenizer.encode_user(p) for p in prompts]
     n_ctx = max(max(map(len, chats), default=0) + max_tokens + 1, 1024)  # llama.cpp aborts below n_seq_max cells
     target = LlamaTarget(target_gguf, n_ctx=n_ctx, threads=threads, max_tree_nodes=512)
     counts = np.zeros(target.n_vocab, dtype=np.int64)
