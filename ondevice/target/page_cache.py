@@ -147,8 +147,8 @@ class LayerWindow:
             spans = [_span(mapping, t.offset, t.nbytes) for t in tensors if Path(t.path).resolve() == here]
             layers[key] = [s for s in spans if s is not None]
         embd = header.tensors.get("token_embd.weight") if "output.weight" in header.tensors else None  # tied: it is the head
-        rows = [] if embd is None or Path(embd.path).resolve() != here else [s for s in [_span(mapping, embd.offset, embd.nbytes)] if s]
-        return cls(path, mapping, layers, ahead, kept, rows)
+        rows = _span(mapping, embd.offset, embd.nbytes) if embd is not None and Path(embd.path).resolve() == here else None
+        return cls(path, mapping, layers, ahead, kept, [rows] if rows else [])
 
     # --- called from llama.cpp's compute (keep it quick: queue the work) ---------------------------
     def pass_starts(self) -> None:
