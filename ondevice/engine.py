@@ -17,7 +17,7 @@ import numpy as np
 from ondevice.errors import OndeviceError
 from ondevice.overlap import Guess, Overlap
 from ondevice.plan.ram import disk_read_bytes
-from ondevice.protocols import Drafter, DraftSpec, Target
+from ondevice.protocols import Drafter, DraftSpec, Target, config_label
 from ondevice.tree import DraftTree, common_prefix
 from ondevice.verify import Sampling, verify
 
@@ -27,6 +27,18 @@ class Step:
     tokens: list[int]  # emitted by this target pass (accepted drafts + the target's own token)
     from_draft: int  # how many of them were drafted tokens
     drafted: int  # nodes in the tree (root excluded)
+
+
+@dataclass
+class RoundReport:
+    """One verified round, for whoever plans the next (the planner's closed loop)."""
+
+    tree: DraftTree
+    path: list[int]  # accepted root-first path; len(path) tokens were emitted
+    spec: DraftSpec | None  # how the tree was drafted (None: the target alone)
+    pass_seconds: float  # the target's pass
+    round_seconds: float  # wall clock since the previous round ended: planning, drafting, the pass, verifying, and the caller's handling of the last step
+    context: int  # tokens cached before the pass (what its attention read)
 
 
 @dataclass
@@ -48,7 +60,8 @@ class Stats:
     pass_seconds: list[tuple[int, float]] = field(default_factory=list)  # (tree nodes, seconds) per target pass
     finish_reason: str = ""
     accepted_per_pass: list[int] = field(default_factory=list)
-    spec: DraftSpec | None = None  # how this answer was drafted (None: target alone)
+    spec: DraftSpec | None = None  # how this answer was drafted (None: target alone); the last round's when it changed
+    rounds_by_config: dict[str, int] = field(default_factory=dict)  # config_label → rounds
 
     @property
     def tokens_per_pass(self) -> float:
@@ -155,13 +168,13 @@ class SpecEngine:
         sampling: Sampling = Sampling(),
         spec: DraftSpec | None = None,
         rule: str = "specexec",
-        observe: Callable[[DraftTree, list[int], float], None] | None = None,
+        observe: Callable[[RoundReport], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         replan: Callable[[], DraftSpec | None] | None = None,
     ) -> Iterator[Step | Stats]:
-        """Decode up to max_tokens after `prompt`. observe(tree, accepted path, pass seconds) sees
-        every verified tree of this call (the planner's acceptance and pass-time tracking, for the
-        answers it planned). should_stop() is asked before every target pass: True ends the answer
+        """Decode up to max_tokens after `prompt`. observe(RoundReport) sees every verified round of
+        this call (the planner's closed loop, for the answers it planned). should_stop() is asked
+        before every target pass: True ends the answer
         there (finish_reason "interrupted"); `cached` still names the tokens whose KV the target
         holds. replan(), if given, gives the spec of every round after the first."""
         if self.closed:
@@ -174,6 +187,7 @@ class SpecEngine:
         context = list(prompt)
         room = self.target.n_ctx - len(prompt)
         prepared: DraftTree | None = None  # the next tree, drafted while the target verified
+        round_start = time.perf_counter()
         while True:
             if stats.tokens >= max_tokens or room <= 0:
                 stats.finish_reason = "length"
@@ -195,8 +209,12 @@ class SpecEngine:
             stats.verify_seconds += time.perf_counter() - t0
             if guess is not None:
                 prepared = guess.next_tree(verdict)
+            label = config_label(spec)
+            stats.rounds_by_config[label] = stats.rounds_by_config.get(label, 0) + 1
             if observe is not None:
-                observe(tree, verdict.path, stats.pass_seconds[-1][1])
+                now = time.perf_counter()
+                observe(RoundReport(tree, list(verdict.path), spec, stats.pass_seconds[-1][1], now - round_start, len(self.cached)))
+                round_start = now
             self.cached.extend(int(tree.tokens[i]) for i in verdict.path)
             stats.target_passes += 1
             stats.drafted_nodes += len(tree) - 1

@@ -316,7 +316,7 @@ def _profile_backends(models: Models, target: str, drafter: str, threads: int, o
         make_decode_batch=make_decode_batch if make_decode_batch or models.drafter is None else sized_drafter,
         overlap_possible=on_gpu or spare_cores, max_tree=min(_largest_tree(on_gpu), memory.sizes.max_tree if memory else MAX_BUDGET),
         target_name=target, drafter_name=drafter, other_targets={} if on_gpu else others_t, other_drafters=others_d,
-        key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if streams else ""), memory=memory,
+        key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if streams else ""), memory=memory, profile_first=on_gpu,
     )  # fmt: skip
 
 

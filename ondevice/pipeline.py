@@ -26,7 +26,8 @@ from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.hardware import default_threads
 from ondevice.plan.memory import MemoryPlan
-from ondevice.plan.ram import anon_rss, disk_read_bytes, peak_rss
+from ondevice.plan.profile import ProfileBackends
+from ondevice.plan.ram import anon_rss, peak_rss
 from ondevice.protocols import DEFAULT_BUDGET, DraftSpec
 from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
@@ -47,15 +48,16 @@ class Pipeline:
     target_backend: str
     placement: str = ""
     info: dict = field(default_factory=dict)
-    backends: "ProfileBackends | None" = None
+    backends: ProfileBackends | None = None
     planner: AutoPlanner | None = None
     plan: Plan | None = None  # the planner's plan for the last answer; None when the caller chose the tree
     memory: MemoryPlan | None = None  # where a llama.cpp target lives and how the buffers are sized
     overlap_choice: bool | None = None  # --overlap/--no-overlap; None: as the plan says
 
-    def resolve(self, spec: DraftSpec | None, sampling: Sampling) -> DraftSpec | None:
-        """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only);
-        sets `plan` to the plan behind it (None for a spec the caller fixed)."""
+    def resolve(self, spec: DraftSpec | None, sampling: Sampling, context: int = 0) -> DraftSpec | None:
+        """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only)
+        for the first round of an answer over `context` tokens; sets `plan` to the incumbent's plan
+        (None for a spec the caller fixed)."""
         self.plan = None
         if spec is None or self.engine.drafter is None:
             return None
@@ -63,13 +65,26 @@ class Pipeline:
             return DraftSpec("lookup", spec.budget or DEFAULT_BUDGET["lookup"], spec.temperature, spec.sample_children, spec.seed)
         if spec.builder != "auto":
             return spec
+        planned = self.auto_planner().spec(sampling, context=context, budget=spec.budget or None)  # --budget: trees of that size
+        self.plan = self.planner.plan
+        return planned
+
+    def auto_planner(self) -> AutoPlanner:
+        """The planner, made on first use (it measures nothing then: see plan/auto.py)."""
         if self.planner is None:
             self.planner = AutoPlanner(self.backends)
-        planned = self.planner.spec(sampling)
-        self.plan = self.planner.plan
-        if planned is not None and spec.budget > 0:  # --budget given: the planner's builder at that budget
-            planned = replace(planned, budget=spec.budget, max_depth=None)
-        return planned
+        return self.planner
+
+    def idle_step(self) -> bool:
+        """Use a moment the caller has nothing to do (a chat waiting for its user): measure a sample
+        of the profile if the planner lacks one. False when there is nothing left to do."""
+        if self.engine.closed or self.backends is None or self.engine.drafter is None or self.engine.drafter.model is None:
+            return False
+        try:
+            return self.auto_planner().idle_step()
+        except OndeviceError:  # a backend that cannot be measured here: the planner keeps what it has
+            self.backends = None
+            return False
 
     def _replan(self) -> DraftSpec | None:
         """Between rounds of a planned answer: the planner's spec, re-chosen when the pass times moved."""
@@ -122,7 +137,7 @@ class Pipeline:
         """The answer's records; should_stop() is asked before every target pass (see SpecEngine.generate)."""
         self._check_open()
         decoder = StreamDecoder(self.tokenizer)
-        spec = self.resolve(spec, sampling)
+        spec = self.resolve(spec, sampling, context=len(prompt_ids) - 1)
         planner = self.planner if self.plan is not None else None  # it learns only from the answers it planned
         self._follow_overlap()
         answer: list[int] = []
@@ -156,6 +171,8 @@ class Pipeline:
             "target_backend": self.target_backend,
             "model": self.pair.name,
             "plan": plan_as_dict(self.plan) if self.plan else None,
+            "planner": self.planner.summary() if self.plan is not None and self.planner is not None else None,
+            "rounds_by_config": stats.rounds_by_config,
             **_placement_json(self.engine.target, self.memory),
             "peak_rss_bytes": peak_rss(),  # this process's own footprint (its memory and mapped pages)
             "anon_rss_bytes": anon_rss(),

@@ -68,6 +68,11 @@ class DraftSpec:
     max_depth: int | None = None  # best-first: no node deeper than this (the planner's depth); None: unbounded
 
 
+def config_label(spec: DraftSpec | None) -> str:
+    """How a round was drafted, as bench rows and stats lines name it: "target" or "<builder>@<budget>"."""
+    return "target" if spec is None or spec.budget <= 0 else f"{spec.builder}@{spec.budget}"
+
+
 class Drafter(Protocol):
     """The small model on the CPU. Stateless to the caller: it syncs its own cache to `context`."""
 

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ondevice.engine import RoundReport
 from ondevice.plan import auto as autoplan
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.plan.fallback import LookupTracker, fallback_plan, follow, lookup_plan, replay
-from ondevice.plan.hardware import Curves, LatencyCurve, powers_of_two
+from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
 from ondevice.plan.acceptance import default_p_rank
 from ondevice.plan.cost_model import choose_plan
 from ondevice.protocols import DraftSpec
@@ -126,8 +127,8 @@ def test_replay_learns_copying_and_not_prose():
 def test_planner_replays_target_only_answers_then_switches_to_lookup(tmp_path, monkeypatch):
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     profile = SimpleNamespace(curves=Curves(CPU_TARGET, SLOW_DRAFTER), overlap_possible=False)
-    monkeypatch.setattr(autoplan, "get_profile", lambda backends, **options: (profile, True))
-    planner = autoplan.AutoPlanner(SimpleNamespace(pair="toy"))
+    monkeypatch.setattr(autoplan, "saved_profile", lambda backends: profile)
+    planner = autoplan.AutoPlanner(SimpleNamespace(pair="toy", make_decode_batch=lambda: None))
     assert planner.spec(Sampling()) is None and "using the target alone" in planner.plan.fallback_reason
     prompt = SNIPPET + [7000, 7001]
     for _ in range(3):  # three answers that copy the prompt's code, decoded by the target alone
@@ -135,7 +136,7 @@ def test_planner_replays_target_only_answers_then_switches_to_lookup(tmp_path, m
         planner.finish(stats, prompt + SNIPPET)
     spec = planner.spec(Sampling())
     assert spec is not None and spec.builder == "lookup" and "using prompt lookup" in planner.plan.fallback_reason
-    planner.observe(DraftTree.root_only(1), [0])  # lookup rounds now teach the lookup tracker
+    planner.observe(RoundReport(DraftTree.root_only(1), [0], spec, 0.09, 0.1, len(prompt)))  # lookup rounds now teach the lookup tracker
     assert planner.lookup.tokens > 0 and planner.tracker.at_risk.sum() == 0
-    saved = autoplan.AutoPlanner(SimpleNamespace(pair="toy")).lookup  # what the last answer left
+    saved = autoplan.AutoPlanner(SimpleNamespace(pair="toy", make_decode_batch=lambda: None)).lookup  # what the last answer left
     assert saved.tokens > 100 and saved.acceptance > 0.9

@@ -11,15 +11,9 @@ import pytest
 from rich.console import Console
 
 from ondevice.plan import profile as profile_store
-from ondevice.plan.hardware import (
-    LatencyCurve,
-    machine_facts,
-    measure_disk_read,
-    measure_drafter_curve,
-    measure_ram_bandwidth,
-    measure_target_curve,
-    pass_sizes,
-)
+from ondevice.plan.hardware import machine_facts, measure_disk_read, measure_ram_bandwidth
+from ondevice.plan.curve import LatencyCurve, pass_sizes
+from ondevice.plan.latency import measure_drafter_curve, measure_target_curve
 from ondevice.plan.profile import ProfileBackends, get_profile
 from ondevice.tree import DraftTree
 
@@ -103,7 +97,7 @@ class SleepyTarget:
 def test_target_curve_measures_chains_and_restores_the_cache():
     target = SleepyTarget(n_ctx=200)
     target.prefill([7, 8, 9])
-    curve = measure_target_curve(target, context_tokens=64, repeats=1, show=False)
+    curve = measure_target_curve(target, context_tokens=64, sweeps=1, show=False)
     assert curve.ns == (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129)  # 2^k and 2^k + 1, capped by the room left: 200 − 3 − 64
     assert all(t > 0.001 for t in curve.seconds)
     assert curve(128) > curve(1)
@@ -113,8 +107,10 @@ def test_target_curve_measures_chains_and_restores_the_cache():
 
 def test_drafter_curve_calls_each_batch_size():
     calls = []
-    curve = measure_drafter_curve(calls.append, batch_sizes=(1, 2, 4), repeats=2, show=False)
-    assert curve.ns == (1, 2, 4) and calls == [1, 1, 1, 2, 2, 4, 4]  # one warm-up, then 2 each
+    curve = measure_drafter_curve(lambda n: (calls.append(n), time.sleep(0.002 * n)), batch_sizes=(1, 2, 4), sweeps=2, show=False)
+    assert curve.ns == (1, 2, 4) and calls[0] == 1  # a warm-up call first
+    assert curve(4) > curve(1) >= 0.002
+    assert all(calls.count(n) >= 2 for n in (1, 2, 4))  # each size sampled in every sweep
 
 
 @pytest.fixture(autouse=True)

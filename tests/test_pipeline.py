@@ -16,7 +16,7 @@ import ondevice
 from ondevice.plan import auto as autoplan
 from ondevice.plan.cost_model import choose_plan, plan_as_dict
 from ondevice.plan.fallback import LookupTracker
-from ondevice.plan.hardware import Curves, LatencyCurve, powers_of_two
+from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
 from ondevice.protocols import DraftSpec
 import tiny_models
 from tiny_models import write_tiny_pair
@@ -49,12 +49,12 @@ def fake_profile(backends, curves: Curves):
 
 
 def test_planner_learns_only_from_the_answers_it_planned(tiny_home, monkeypatch):
-    monkeypatch.setattr(autoplan, "get_profile", lambda backends, **options: (fake_profile(backends, Curves(FLAT_TARGET, PER_LEVEL_DRAFTER)), True))
+    monkeypatch.setattr(autoplan, "saved_profile", lambda backends: fake_profile(backends, Curves(FLAT_TARGET, PER_LEVEL_DRAFTER)))
     seen = []  # (plan depth, tree depth) of every tree the planner observed
-    observe = autoplan.AutoPlanner.observe
-    # the tiny model's real passes take far less than the fake profile's 1 s, which would (rightly)
-    # re-plan to the target alone: this test is about what is learned, so pass times are withheld
-    monkeypatch.setattr(autoplan.AutoPlanner, "observe", lambda self, tree, path, *rest: (seen.append((self.plan.depth, tree.depths.max())), observe(self, tree, path)))
+    # the tiny model's real rounds take far less than the fake profile's 1 s, which would (rightly)
+    # re-plan: this test is about what is learned, so only acceptance is passed on
+    monkeypatch.setattr(autoplan.AutoPlanner, "observe", lambda self, report: (seen.append((self.plan.depth, report.tree.depths.max())),
+                                                                              self.tracker.observe(report.tree, report.path)))
     pipe = ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=512)
 
     list(pipe.stream(MESSAGES, max_tokens=24, spec=DraftSpec("auto", 0)))
@@ -83,6 +83,7 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
 
     steep = Curves(curve({1: 0.087, 2: 0.129, 4: 0.180, 8: 0.264, 16: 0.275}), curve({1: 0.120, 64: 0.900}))
     monkeypatch.setattr(autoplan, "get_profile", lambda backends, **options: (fake_profile(backends, steep), True))
+    monkeypatch.setattr(autoplan, "saved_profile", lambda backends: fake_profile(backends, steep))
     copying = LookupTracker(decay=1.0)
     for _ in range(300):  # every round matched, 6 levels at risk, all accepted
         copying.observe_round(True, 6, 6)

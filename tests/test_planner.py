@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ondevice.plan.hardware import Curves, LatencyCurve, powers_of_two
+from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
 from ondevice.plan.acceptance import AcceptanceTracker, default_p_rank
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.sequoia import SequoiaTable, chain_tokens_per_pass, optimal_tree, tree_tokens_per_pass

@@ -17,7 +17,7 @@ from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_s
 from ondevice.eval.llamacpp_rows import llamacpp_name
 from ondevice.eval.measured import record_bench
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import console, err, load_pipeline, make_spec
+from ondevice.cli.decoding import console, err, load_pipeline, make_spec, rounds_text
 from ondevice.errors import OndeviceError
 from ondevice.loading import LoadOptions
 from ondevice.plan.hardware import machine_facts
@@ -86,7 +86,7 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
     """`--tree auto` as a chat runs it: the planner re-plans before each prompt (and between rounds
     when the passes change) and learns after it. Returns the row and the answers' token ids."""
     result = BenchResult("auto", "auto", 0)
-    plans, outputs = [], []
+    plans, outputs, rounds = [], [], Counter()
     for ids in prompts:
         pipe.engine.cached = []
         tokens = []
@@ -94,13 +94,11 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
             tokens += record.token_ids
             if record.stats is not None:
                 result.add(record.stats)
+                rounds.update(record.stats.rounds_by_config)
         outputs.append(tokens)
         plans.append(pipe.plan)
         advance()
-    labels = Counter("target only" if p.budget == 0 else f"{p.builder} @{p.budget}" for p in plans)
-    result.config = "auto: " + ", ".join(f"{label} ×{n}" for label, n in labels.items())
-    if plans[-1].fallback_reason:
-        result.config += f" — fallback: {plans[-1].fallback_reason}"
+    result.config = "auto: " + rounds_text(dict(rounds)) + " (rounds)"
     result.predicted_tokens_per_second = sum(p.predicted_tokens_per_second for p in plans) / len(plans)
     return result, outputs
 

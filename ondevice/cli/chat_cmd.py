@@ -31,11 +31,11 @@ HELP = """commands:
   Ctrl-C     while answering: stop the answer (it is left out of the conversation)"""
 
 
-def read_message(keyboard: LineReader) -> str | None:
+def read_message(keyboard: LineReader, idle=None) -> str | None:
     """One user message from stdin; None at end of input (Ctrl-D) or on Ctrl-C: the chat ends.
-    Ctrl-C inside a multi-line message drops that message ("")."""
+    Ctrl-C inside a multi-line message drops that message (""). idle(): see LineReader.read."""
     try:
-        line = keyboard.read(">>> ")
+        line = keyboard.read(">>> ", idle)
     except (EOFError, KeyboardInterrupt):
         print()  # the shell's prompt starts on a new line
         return None
@@ -105,7 +105,8 @@ def converse(pipe, settings: dict, no_draft: bool) -> None:
     history: list[dict[str, str]] = []
     keyboard = LineReader()
     while True:
-        message = read_message(keyboard)
+        idle = pipe.idle_step if settings["tree"] == "auto" and not no_draft else None  # the planner measures while you type
+        message = read_message(keyboard, idle)
         if message is None or message.strip() in ("/bye", "/exit", "/quit"):
             break
         if not message.strip():
@@ -159,9 +160,9 @@ def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: b
     show(splitter.flush())
     print()
     if stats.finish_reason == "interrupted":
-        err.print(f"[dim]stopped; this answer is left out of the conversation · {stats_line(stats, pipe.plan)}[/]")
+        err.print(f"[dim]stopped; this answer is left out of the conversation · {stats_line(stats, pipe)}[/]")
         return None
-    err.print(f"[dim]{stats_line(stats, pipe.plan)}[/]")
+    err.print(f"[dim]{stats_line(stats, pipe)}[/]")
     return "".join(parts)
 
 

@@ -37,7 +37,9 @@ def make_spec(tree: str, budget: int | None, no_draft: bool, sampling: Sampling)
     return DraftSpec(builder=tree, budget=budget, temperature=sampling.temperature, seed=sampling.seed)
 
 
-def stats_line(stats: Stats, plan=None) -> str:
+def stats_line(stats: Stats, pipe=None) -> str:
+    """The one line after an answer: speed, passes, time split, how its rounds were drafted and,
+    when the planner chose (--tree auto), what it measured and predicted."""
     busy = stats.draft_seconds + stats.verify_seconds + max(stats.overhead_seconds, 0.0)
     split = ""
     if busy > 0:
@@ -48,9 +50,37 @@ def stats_line(stats: Stats, plan=None) -> str:
     return (
         f"{stats.tokens} tokens · {stats.tokens_per_second:.1f} tok/s · {stats.tokens_per_pass:.2f} tokens/pass"
         f" over {stats.target_passes} target passes{split} · prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s"
-        + (f" · {stats.spec.builder} @{stats.spec.budget}" if stats.spec else " · target alone")
-        + (f" (planner fallback: {plan.fallback_reason})" if plan is not None and plan.fallback_reason else "")
+        f" · {rounds_text(stats.rounds_by_config)}" + planner_text(pipe)
     )
+
+
+def rounds_text(rounds: dict[str, int]) -> str:
+    """"target alone" or "best-first@15 ×30, target ×3" (rounds per configuration, most first)."""
+    if not rounds or set(rounds) == {"target"}:
+        return "target alone"
+    return ", ".join(f"{label} ×{n}" for label, n in sorted(rounds.items(), key=lambda x: -x[1]))
+
+
+def planner_text(pipe) -> str:
+    plan = getattr(pipe, "plan", None)
+    if plan is None or pipe.planner is None:
+        return ""
+    summary = pipe.planner.summary()
+    parts = [_arm_text(summary["arm"])] if summary["arm"] else []
+    if summary["runner_up"]:
+        parts.append("runner-up " + _arm_text(summary["runner_up"]))
+    if summary["audit_share"] > 0:
+        parts.append(f"audits {100 * summary['audit_share']:.1f}% of the time")
+    if summary["profile"] != "measured":
+        parts.append({"none": "no profile yet", "measuring": "profile being measured", "busy": "profile taken on a busy machine"}[summary["profile"]])
+    return " · planner: " + "; ".join(parts)
+
+
+def _arm_text(arm: dict) -> str:
+    name = "target alone" if arm["name"] == "target" else arm["name"]
+    measured = f"{arm['measured_tokens_per_second']:.1f} tok/s measured" if arm["measured_tokens_per_second"] else "not measured"
+    predicted = f", {arm['predicted_tokens_per_second']:.1f} predicted" if arm["predicted_tokens_per_second"] else ""
+    return f"{name} {measured}{predicted}"
 
 
 def load_pipeline(load: LoadOptions) -> Pipeline:

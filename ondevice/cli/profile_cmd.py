@@ -57,13 +57,14 @@ def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool
     """Measure (or reuse) the profile for these backends and print it as tables or one JSON object."""
     planner = AutoPlanner(backends, show=not as_json, refresh=refresh, compare=True)
     prof, reused, p_rank = planner.profile, planner.reused, planner.tracker.p_rank
-    plan = planner.choose()
+    planner.price()
+    plan = planner.plan
     options = backend_options(prof, p_rank)
     memory = backends.memory
     if as_json:
         record = {**prof.to_dict(), "reused": reused, "p_rank": p_rank.round(4).tolist(), "plan": plan_as_dict(plan),
                   "backend_options": [{"target": o.target, "drafter": o.drafter, "plan": plan_as_dict(o.plan)} for o in options],
-                  "placement": memory.to_dict() if memory is not None else None}  # fmt: skip
+                  "placement": memory.to_dict() if memory is not None else None, "arms": arms_record(planner)}  # fmt: skip
         out.file.write(json.dumps(record) + "\n")  # verbatim: no Rich markup or wrapping
         return prof
     out.print(machine_table(prof))
@@ -74,7 +75,11 @@ def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool
         out.print(backends_table(options, best_backends(prof, p_rank), backends))
     for what, why in prof.skipped.items():
         out.print(f"[yellow]{what} not measured:[/] {why}")
+    out.print(arms_table(planner))
     out.print(plan_line(plan))
+    if prof.busy:
+        out.print(f"[yellow]other processes used ~{prof.others_cores:.1f} cores while this profile was measured:[/] "
+                  "some sizes may read slow; it is measured again when a chat is idle, or run `ondevice profile --refresh`")
     how = "saved profile" if reused else f"measured in {prof.measure_seconds:.0f}s"
     path = profile_path(prof.machine.fingerprint(), prof.pair, prof.backend)
     out.print(f"[dim]{how}, {prof.created} · {path}{' · --refresh measures again' if reused else ''}[/]")
@@ -143,6 +148,23 @@ def backends_table(options: list[BackendOption], chosen: BackendOption | None, b
         what = "target alone" if o.plan.budget == 0 else f"{o.plan.builder} @{o.plan.budget}"
         notes = ["← auto" if o == chosen else "", "(loaded for this profile)" if (o.target, o.drafter) == (backends.target_name, backends.drafter_name) else ""]
         table.add_row(o.target, o.drafter, what, f"{o.tokens_per_second:.1f}", " ".join(n for n in notes if n))
+    return table
+
+
+def arms_record(planner: AutoPlanner) -> list[dict]:
+    """Every arm the planner priced or measured in this regime, fastest estimate first."""
+    return [planner._arm_summary(arm) for arm, _ in planner.book.ranked(planner.prices)]
+
+
+def arms_table(planner: AutoPlanner) -> Table:
+    """What the planner measured per configuration in this regime (its closed loop), beside what it predicts."""
+    table = Table(title=f"measured by the planner ({planner.regime}; faded, newest weighs most)", title_justify="left")
+    for name in ("configuration", "tok/s estimated", "tok/s measured", "tokens measured", "tok/s predicted"):
+        table.add_column(name, justify="left" if name == "configuration" else "right")
+    for arm in arms_record(planner):
+        number = lambda x: "—" if not x else f"{x:.1f}"  # noqa: E731
+        table.add_row("target alone" if arm["name"] == "target" else arm["name"], number(arm["estimated_tokens_per_second"]),
+                      number(arm["measured_tokens_per_second"]), f"{arm['measured_tokens']:.0f}", number(arm["predicted_tokens_per_second"]))
     return table
 
 

@@ -20,7 +20,7 @@ from ondevice.catalog import hub
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
 from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
-from ondevice.plan.hardware import measure_drafter_curve
+from ondevice.plan.latency import measure_drafter_curve
 from ondevice.llama_backend import LlamaContext, LlamaModel
 from ondevice.eval.prompts import CALIBRATION, EVAL
 from ondevice.quant import vocab_trim
@@ -122,7 +122,7 @@ def _draft_call_seconds(drafter: Path, head: TrimmedHead | None, threads: int | 
         ctx.decode(tokens[64 : 64 + n], 64 + np.arange(n), np.zeros(n, np.int32), np.ones(n, bool))
         ctx.seq_rm(0, 64, -1)
 
-    curve = measure_drafter_curve(one_call, DRAFT_BATCHES, repeats=repeats, show=False)
+    curve = measure_drafter_curve(one_call, DRAFT_BATCHES, sweeps=repeats, show=False)
     ctx.close()
     model.close()
     return dict(zip(curve.ns, curve.seconds))

@@ -51,7 +51,7 @@ def generate(
         print(json.dumps(result_json(pipe, ids, "".join(text), token_ids, stats)))
     else:
         print()
-        err.print(f"[dim]{stats_line(stats, pipe.plan)}[/]")
+        err.print(f"[dim]{stats_line(stats, pipe)}[/]")
         if getattr(pipe.engine.target, "streamer", None) is not None:
             err.print(f"[dim]{pipe.engine.target.placement_summary()}[/]")
         elif pipe.memory is not None and pipe.memory.streams:

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from typing import Callable
 
 WAIT_STEP_S = 0.2  # how long a Ctrl-C may wait to be noticed at the prompt
 
@@ -31,13 +32,17 @@ class LineReader:
             self.fd = None  # not a real file: plain input()
         self.pending = b""  # bytes read past the last line returned
 
-    def read(self, prompt: str) -> str:
+    def read(self, prompt: str, idle: Callable[[], bool] | None = None) -> str:
+        """One line. idle(): work to do while no input is waiting, one short step per call (the
+        planner measuring its profile); it returns False when it has nothing left to do."""
         if self.fd is None:
             return input(prompt)
         sys.stdout.write(prompt)
         sys.stdout.flush()
         while b"\n" not in self.pending:
-            if not select.select([self.fd], [], [], WAIT_STEP_S)[0]:
+            if not select.select([self.fd], [], [], 0 if idle is not None else WAIT_STEP_S)[0]:
+                if idle is not None and not idle():
+                    idle = None
                 continue  # signal handlers run here
             chunk = os.read(self.fd, 65536)
             if not chunk:  # end of input

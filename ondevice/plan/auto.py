@@ -1,39 +1,50 @@
-"""`--tree auto`: the hardware-aware plan for the loaded pipeline, kept current as acceptance drifts.
+"""`--tree auto`: the planner a pipeline consults before every round — it predicts, measures, and
+believes what it measures.
 
-The profile (latency curves of this machine's target and drafter) is measured once on the models
-already loaded, saved, and reused. Before each answer the plan is re-chosen from the profile and
-the acceptance-by-rank vector learned so far (AcceptanceTracker), plus the per-pass overhead the
-engine measured; after each answer the tracker is saved. Where model drafting does not pay, the
-plan falls back to prompt lookup or the target alone (`ondevice.plan.fallback`), whichever is predicted
-faster from what lookup achieved so far (LookupTracker, also saved).
+Predictions come from the cost model (cost_model.py: the profile's latency curves, rescaled online
+by the passes the engine times, rescale.py; acceptance by rank learned so far, acceptance.py;
+prompt lookup's match share and acceptance, fallback.py). They price the *arms* this pipeline can
+run — the target alone, prompt lookup, and the drafter model's best trees at a few budgets — and
+arms.py turns predictions and measurements into the arm each round runs: the one measured (or,
+unmeasured, predicted) fastest, with a bounded share of rounds auditing a runner-up that might be
+faster. Every round is timed and booked to its arm; the book is saved per regime (machine, pair,
+backends, in RAM or streamed) and reloaded at half weight, so a wrong profile costs one answer,
+not every later run.
 
-The target's curve is the profile's rescaled by the passes the engine times (`PassTimes`,
-rescale.py): every pass is observed, and between rounds `replan` re-chooses the plan as soon as
-the rescaled curve moved by more than REPLAN_CHANGE — so a target that starts streaming from disk
-(or a VM that slows down) changes the plan within a few passes, inside one answer.
+No profile yet: the planner does not wait for one. The target alone answers (and prompt lookup,
+priced on a provisional curve: a pass of n tokens costs n single passes, as on a CPU in RAM) while
+`idle_step` measures the profile one sample at a time whenever the caller is idle (a chat between
+answers, while its user reads or types); the drafter's trees become arms once it is measured. A
+profile found busy (timing.py: other processes disturbed it) is used, and measured again the same
+way. `ondevice profile` measures everything on demand. Where the target is on a GPU
+(`ProfileBackends.profile_first`) the profile is measured before the first answer: seconds there.
 
-A target that streams from disk has its own profile (measured streaming: its key ends in "-stream").
-Drafting while the target verifies (DuoDecoding, overlap.py) pays only where the guess comes true
-and the two do not fight for the same cores: the planner counts the guesses that came true against
-those predicted (`hit_scale`) and times overlapped rounds against their prediction
-(`overlap_scale`), and stops overlapping where it does not pay.
+A target that streams from disk has its own profile (measured streaming, in a child process before
+loading: loading.streaming_profile). Drafting while the target verifies (DuoDecoding, overlap.py)
+is priced with what overlapped rounds achieved (`hit_scale`, `overlap_scale`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
 import numpy as np
 
-from ondevice.plan.fallback import LookupTracker, fallback_plan, replay
 from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.plan.cost_model import Plan, choose_plan, predict
-from ondevice.plan.hardware import Curves, LatencyCurve
-from ondevice.plan.profile import ProfileBackends, get_profile
-from ondevice.plan.rescale import PassTimes
+from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
+from ondevice.plan.cost_model import Plan, predict, priced_plans
+from ondevice.plan.curve import Curves, LatencyCurve, pass_sizes
+from ondevice.plan.fallback import LookupTracker, lookup_plan, replay
+from ondevice.plan.profile import Profile, get_profile, new_profile, profile_steps, save_profile, saved_profile
+from ondevice.plan.rescale import PassTimes, context_growth
 from ondevice.protocols import DraftSpec
 from ondevice.verify import Sampling
 
 CPU_MAX_TREE = 256  # on a CPU target the pass cost grows steeply; never worth profiling bigger trees
-REPLAN_CHANGE = 0.15  # re-plan within an answer when the target's curve moved by more than this
+REPLAN_CHANGE = 0.15  # re-price the arms within an answer when the target's curve moved by more than this
+REPRICE_ROUNDS = 64  # ... and at least this often (acceptance learned meanwhile)
+MODEL_ARMS = 3  # the drafter's best trees priced as arms: one per budget, fastest predicted first
 
 
 def upto(curve: LatencyCurve, max_tree: int) -> LatencyCurve:
@@ -42,88 +53,299 @@ def upto(curve: LatencyCurve, max_tree: int) -> LatencyCurve:
     return LatencyCurve(tuple(curve.ns[i] for i in keep), tuple(curve.seconds[i] for i in keep))
 
 
+def provisional_curve(max_tree: int) -> LatencyCurve:
+    """No profile: a pass of n tokens costs n single passes (a CPU in RAM), in units of one pass;
+    PassTimes scales it by the passes it sees."""
+    ns = pass_sizes(max(2, min(max_tree, 64)))
+    return LatencyCurve(ns, tuple(float(n) for n in ns))
+
+
+def regime_of(backends) -> str:
+    """What measured rates depend on besides the machine and the pair: backends, in RAM or streamed."""
+    return f"{backends.profile_key}-{backends.target_name}-{backends.drafter_name}"
+
+
 class AutoPlanner:
-    def __init__(self, backends: ProfileBackends, show: bool = True, refresh: bool = False, compare: bool = False):
-        """compare: also measure the backends not loaded (`ondevice profile`), for plan/backends.py."""
+    def __init__(self, backends, show: bool = True, refresh: bool = False, compare: bool = False, measure_now: bool | None = None):
+        """measure_now: measure a missing profile before returning (default: with refresh or compare,
+        i.e. `ondevice profile`, or where the backends say so: a GPU target)."""
         self.backends = backends
-        self.profile, self.reused = get_profile(backends, refresh=refresh, show=show, compare=compare)
+        if measure_now is None:
+            measure_now = refresh or compare or getattr(backends, "profile_first", False)
+        if measure_now:
+            self.profile, self.reused = get_profile(backends, refresh=refresh, show=show, compare=compare)
+        else:
+            self.profile, self.reused = saved_profile(backends), True
         self.tracker = AcceptanceTracker.load(backends.pair)
         self.lookup = LookupTracker.load(backends.pair)
-        self.overhead_per_pass = 0.0
-        self.plan: Plan | None = None
         memory = getattr(backends, "memory", None)  # a ProfileBackends; tests pass lighter stand-ins
         self.streams = memory is not None and memory.streams
-        self.overlap_possible = getattr(backends, "overlap_possible", self.profile.overlap_possible)  # this setup's, not the saved one's
-        max_tree = getattr(backends, "max_tree", CPU_MAX_TREE)
-        # a slowdown is the disk's (δ) only where the profile did not stream: one measured streaming has it in t(n)
-        disk_missing = self.streams and getattr(self.profile, "target_placement", "ram") != "disk"
-        self.pass_times = PassTimes(upto(self.profile.curves.target, max_tree), streams=disk_missing)
+        saved_overlap = getattr(self.profile, "overlap_possible", False)
+        self.overlap_possible = getattr(backends, "overlap_possible", saved_overlap)  # this setup's, not the saved one's
+        self.max_tree = getattr(backends, "max_tree", CPU_MAX_TREE)
+        files = getattr(backends, "model_files", None)
+        self.growth = context_growth(files[0][0]) if files else 0.0
+        self.has_drafter = getattr(backends, "make_decode_batch", None) is not None
+        self.regime = regime_of(backends) if hasattr(backends, "profile_key") else "default"
+        self.book = load_book(backends.pair, self.regime)
+        self.overhead_per_pass = 0.0
         self.guesses_hit = self.guesses_expected = 0.0  # overlap: trees drafted during a pass that were used, and predicted
         self.overlap_scale = 1.0  # overlapped rounds: measured / predicted seconds
-        self._planned_curve: np.ndarray | None = None  # the target curve the current plan was chosen with
+        self.fixed_budget: int | None = None  # --budget with --tree auto: the drafter's trees at this budget only
         self._sampling = Sampling()
+        self._job = None  # the profile being measured between answers (idle_step)
+        self._remeasured = False  # a busy profile is measured again once per session
+        self._start_pass_times()
+        self.context = 0  # tokens cached before the next pass
+        self.plans: dict[str, Plan] = {}  # the arms' plans (how to draft them), priced by `price`
+        self.prices: dict[str, Price] = {}
+        self.plan: Plan | None = None  # the incumbent's
+        self.playing: str = "target"  # the arm of the next round
+        self.auditing = False
+        self._last_family: str | None = None  # the previous round's, in this answer
+        self._since_model = 0  # tokens emitted since the drafter model last drafted, in this answer
+        self.answer_tokens_by_arm: Counter = Counter()
+        self._rounds_since_price = 0
+        self._priced_curve: np.ndarray | None = None
+
+    # --- curves -------------------------------------------------------------------------------------
+    def _start_pass_times(self) -> None:
+        if self.profile is not None:
+            base = upto(self.profile.curves.target, self.max_tree)
+            # a slowdown is the disk's (δ) only where the profile did not stream: one measured streaming has it in t(n)
+            disk_missing = self.streams and getattr(self.profile, "target_placement", "ram") != "disk"
+            context = getattr(self.profile, "target_context", 64)
+        else:
+            base, disk_missing, context = provisional_curve(self.max_tree), False, 0
+        self.pass_times = PassTimes(base, streams=disk_missing, growth=self.growth, base_context=context)
 
     @property
-    def curves(self) -> Curves:
-        """The drafter's profiled curve and the target's, rescaled by the passes seen so far."""
-        return Curves(self.pass_times.curve(), self.profile.curves.drafter)
+    def curves(self) -> Curves | None:
+        """The drafter's profiled curve and the target's, rescaled by the passes seen so far (None:
+        no profile yet)."""
+        if self.profile is None:
+            return None
+        return Curves(self.pass_times.curve(self.context), self.profile.curves.drafter)
 
     @property
     def hit_scale(self) -> float:
         """Measured / predicted hits of the trees drafted during passes (1 with a pass's worth of prior)."""
         return (self.guesses_hit + 1.0) / (self.guesses_expected + 1.0)
 
+    # --- pricing the arms -----------------------------------------------------------------------------
+    def price(self) -> None:
+        """Predict every arm's speed from the current curves and acceptance (the closed loop's priors)."""
+        target_curve = self.pass_times.curve(self.context)
+        self._priced_curve, self._rounds_since_price = np.asarray(target_curve.seconds), 0
+        known = self.profile is not None or self.pass_times.passes > 0  # a provisional curve needs one pass
+        t1 = target_curve(1) + self.overhead_per_pass
+        alone = Plan("target-only", 0, 0, 1.0, 1.0 / t1, 1.0 / t1, False)
+        plans = {"target": alone}
+        lookup = lookup_plan(Curves(target_curve, target_curve), self.lookup, self.overhead_per_pass) if known else None
+        if lookup is not None:
+            plans["lookup"] = lookup
+        if self.profile is not None and self.has_drafter:
+            plans.update(self._model_plans())
+        self.plans = plans
+        self.prices = {arm: _price(plan) if known else Price(None) for arm, plan in plans.items()}
+        if known:
+            self.prices["target"] = replace(self.prices["target"], floor=self._target_floor())
+        self._set_incumbent()
+
+    def _target_floor(self) -> float | None:
+        """The fastest a single-token pass could be: a pass of n tokens never costs less than one of
+        1 (so a measured n-pass bounds it from above), and one pass of n costs at most n of 1, so
+        t(1) ≥ t(n)/n for every size n measured. Where only trees ran, the target alone may be far
+        faster than a curve measured on a busy machine says (plan/arms.py uses this floor)."""
+        measured = self.pass_times.measured()
+        if not measured or 1 in measured:
+            return None
+        return min(seconds / n for n, seconds in measured.items()) + self.overhead_per_pass
+
     def choose(self) -> Plan:
-        curves = self.curves
-        self._planned_curve = np.asarray(curves.target.seconds)
-        self.plan = choose_plan(
-            curves, self.tracker.p_rank, self.overlap_possible, overhead_per_pass=self.overhead_per_pass,
-            hit_scale=self.hit_scale, overlap_scale=self.overlap_scale,
-        )
-        if self.plan.budget == 0:
-            self.plan = fallback_plan(self.plan, curves, self.lookup, self.overhead_per_pass)
+        """Price the arms now; the incumbent's plan (what the next round runs unless it audits)."""
+        self.price()
         return self.plan
 
-    def predict(self, builder: str, budget: int) -> Plan | None:
-        """What the same model predicts for a fixed configuration (bench shows it next to the measurement)."""
+    def _model_plans(self) -> dict[str, Plan]:
+        """The drafter's fastest predicted tree at each of the MODEL_ARMS best budgets, plus every tree
+        already measured that is still within reach (its measurement may say it is the best)."""
         curves = self.curves
-        return predict(curves, self.tracker.p_rank, builder, budget, self.overlap_possible,
-                       overhead_per_pass=self.overhead_per_pass, hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
+        budgets = None if self.fixed_budget is None else [self.fixed_budget]
+        kwargs = dict(overhead_per_pass=self.overhead_per_pass, hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
+        best: dict[int, Plan] = {}
+        for plan in priced_plans(curves, self.tracker.p_rank, self.overlap_possible, budgets=budgets, **kwargs):
+            if plan.budget <= self.max_tree and (plan.budget not in best or plan.predicted_tokens_per_second > best[plan.budget].predicted_tokens_per_second):
+                best[plan.budget] = plan
+        ranked = sorted(best.values(), key=lambda p: -p.predicted_tokens_per_second)[:MODEL_ARMS]
+        plans = {arm_of(p.draft_spec()): p for p in ranked}
+        for arm in self.book.arms:
+            if family_of(arm) == "model" and arm not in plans:
+                builder, budget = arm.rsplit("@", 1)
+                measured = predict(curves, self.tracker.p_rank, builder, int(budget), self.overlap_possible, **kwargs)
+                if measured is not None and measured.budget <= self.max_tree and (budgets is None or measured.budget in budgets):
+                    plans[arm] = measured
+        return plans
 
-    def spec(self, sampling: Sampling) -> DraftSpec | None:
-        self._sampling = sampling
-        return self.choose().draft_spec(temperature=sampling.temperature, seed=sampling.seed)
+    def _set_incumbent(self) -> None:
+        ranked = self.book.ranked(self.prices)
+        arm = ranked[0][0] if ranked else "target"
+        self.plan = replace(self.plans[arm], fallback_reason=self._reason(arm)) if family_of(arm) != "model" else self.plans[arm]
+
+    def _reason(self, arm: str) -> str:
+        """Why the drafter model is not the incumbent, in numbers."""
+        what = "the target alone" if arm == "target" else f"prompt lookup @{self.plans[arm].budget}"
+        if self.profile is None:
+            return f"no profile yet: {what} answers while the drafter's latency is measured (`ondevice profile` measures it now)"
+        model = [(a, s) for a, s in self.book.ranked(self.prices) if family_of(a) == "model"]
+        if not model:
+            return f"using {what}; no tree of the drafter fits this target's measured curve"
+        best_tree, spt = model[0]
+        measured = self.book.arms.get(best_tree)
+        how = "measured" if measured is not None and measured.tokens >= 1 else "predicted"
+        return f"using {what}: the best tree, {best_tree}, is {how} at {1 / spt:.1f} tok/s against {self.tokens_per_second(arm):.1f}"
+
+    def tokens_per_second(self, arm: str) -> float:
+        spt = self.book.spt(arm, self.prices.get(arm, Price(None)).spt)
+        return 1.0 / spt if spt else 0.0
+
+    # --- one answer ---------------------------------------------------------------------------------
+    def spec(self, sampling: Sampling, context: int = 0, budget: int | None = None) -> DraftSpec | None:
+        """The first round's spec of an answer whose prompt holds `context` tokens (budget: --budget)."""
+        self._sampling, self.context, self.fixed_budget = sampling, context, budget
+        self._last_family, self.answer_tokens_by_arm, self._since_model = None, Counter(), 0
+        self.price()
+        return self._next_spec()
 
     def replan(self) -> DraftSpec | None:
-        """Between two rounds of an answer: the current plan's spec, re-chosen first if the target's
-        rescaled curve moved by more than REPLAN_CHANGE since it was chosen."""
-        now = np.asarray(self.pass_times.curve().seconds)
-        if self._planned_curve is None or np.max(np.abs(now / self._planned_curve - 1.0)) > REPLAN_CHANGE:
-            self.choose()
-        return self.plan.draft_spec(temperature=self._sampling.temperature, seed=self._sampling.seed)
+        """Between two rounds of an answer: the next round's spec, re-priced first when the target's
+        rescaled curve moved by more than REPLAN_CHANGE (or every REPRICE_ROUNDS rounds)."""
+        now = np.asarray(self.pass_times.curve(self.context).seconds)
+        moved = self._priced_curve is None or len(now) != len(self._priced_curve) or np.max(np.abs(now / self._priced_curve - 1.0)) > REPLAN_CHANGE
+        if moved or self._rounds_since_price >= REPRICE_ROUNDS or not self.prices.get("target", Price(None)).spt:
+            self.price()
+        return self._next_spec()
 
-    def observe(self, tree, path, pass_seconds: float | None = None) -> None:
-        """One verified round: its tree, the accepted path, and how long the target's pass took."""
-        if pass_seconds is not None:
-            self.pass_times.observe(len(tree), pass_seconds)
-        if self.plan is not None and self.plan.builder == "lookup":
-            self.lookup.observe(tree, path)  # root-only trees too: rounds without a match
-        elif len(tree) > 1:
-            self.tracker.observe(tree, path)
+    def _next_spec(self) -> DraftSpec | None:
+        self.playing, self.auditing = self.book.next_arm(self.prices, switch_cost=self._switch_cost)
+        plan = self.plans.get(self.playing, self.plans["target"])
+        return plan.draft_spec(temperature=self._sampling.temperature, seed=self._sampling.seed)
+
+    def _switch_cost(self, arm: str) -> float:
+        """Seconds to start drafting with the model mid-answer: its cache catches up on the tokens
+        it did not see (about the tokens since it last drafted; here a block's worth)."""
+        if family_of(arm) != "model" or self._last_family in (None, "model") or self.profile is None:
+            return 0.0
+        return self.profile.curves.drafter(min(self._since_model + 1, self.profile.curves.drafter.max_n))
+
+    @property
+    def answer_tokens(self) -> int:
+        return int(sum(self.answer_tokens_by_arm.values()))
+
+    def observe(self, report) -> None:
+        """One verified round (engine.RoundReport): learn acceptance, pass time and the arm's speed."""
+        arm = arm_of(report.spec)
+        self.pass_times.observe(len(report.tree), report.pass_seconds, report.context)
+        if arm == "lookup":
+            self.lookup.observe(report.tree, report.path)  # root-only trees too: rounds without a match
+        elif family_of(arm) == "model" and len(report.tree) > 1:
+            self.tracker.observe(report.tree, report.path)
+        switch = family_of(arm) == "model" and self._last_family not in (None, "model")  # the drafter caught up first
+        incumbent = self.book.ranked(self.prices)
+        spt_incumbent = incumbent[0][1] if incumbent else None
+        price = self.prices.get(arm, Price(None))
+        self.book.observe(arm, len(report.path), report.round_seconds, price.spt, self.auditing and arm == self.playing, spt_incumbent, switch)
+        self._last_family = family_of(arm)
+        self._since_model = 0 if family_of(arm) == "model" else self._since_model + len(report.path)
+        self.context = report.context + len(report.path)
+        self.answer_tokens_by_arm[arm] += len(report.path)
+        self._rounds_since_price += 1
 
     def finish(self, stats, tokens=None) -> None:
-        """After an answer: learn the per-pass overhead and keep the acceptance estimates. `tokens`
-        (prompt + answer) of an answer the target decoded alone teach lookup by replay."""
+        """After an answer: learn the per-pass overhead and keep what was learned. `tokens` (prompt +
+        answer) of an answer mostly decoded without lookup teach lookup by replay (free)."""
         if stats.target_passes:
             self.overhead_per_pass = max(stats.overhead_seconds, 0.0) / stats.target_passes
         prepared = getattr(stats, "prepared_trees", 0)  # engine Stats; tests pass lighter stand-ins
-        if prepared and self.plan is not None and self.plan.overlap:  # what overlapping achieved
+        if prepared and self.plan is not None and self.plan.overlap and stats.target_passes:  # what overlapping achieved
             self.guesses_hit += stats.overlap_hits
             self.guesses_expected += prepared * self.plan.hit_rate
             predicted = self.plan.predicted_tokens_per_pass / self.plan.predicted_tokens_per_second  # seconds per round
             measured = stats.decode_seconds / stats.target_passes
             self.overlap_scale *= measured / predicted
-        if tokens is not None and self.plan is not None and self.plan.budget == 0:
+        lookup_share = self.answer_tokens_by_arm["lookup"] / max(1, self.answer_tokens)
+        if tokens is not None and lookup_share < 0.5:
             replay(self.lookup, tokens, stats.prompt_tokens)
         self.tracker.save(self.backends.pair)
         self.lookup.save(self.backends.pair)
+        save_book(self.book, self.backends.pair, self.regime)
+
+    def predict(self, builder: str, budget: int) -> Plan | None:
+        """What the cost model predicts for a fixed configuration (bench shows it beside the measurement)."""
+        if self.profile is None:
+            return None
+        return predict(self.curves, self.tracker.p_rank, builder, budget, self.overlap_possible, overhead_per_pass=self.overhead_per_pass,
+                       hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
+
+    # --- what it knows ----------------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """The incumbent and the runner-up, measured and predicted; how much went to audits."""
+        ranked = self.book.ranked(self.prices)
+        arms = [self._arm_summary(a) for a, _ in ranked[:2]]
+        return {"arm": arms[0] if arms else None, "runner_up": arms[1] if len(arms) > 1 else None,
+                "answer_tokens_by_arm": dict(self.answer_tokens_by_arm), "profile": self.profile_state,
+                "audit_share": self.book.audit_regret / self.book.decode_seconds if self.book.decode_seconds else 0.0}
+
+    def _arm_summary(self, arm: str) -> dict:
+        tally = self.book.arms.get(arm)
+        measured = 1.0 / tally.spt if tally is not None and tally.spt else None
+        predicted = self.prices[arm].spt
+        return {"name": arm, "estimated_tokens_per_second": self.tokens_per_second(arm), "measured_tokens_per_second": measured,
+                "measured_tokens": tally.tokens if tally else 0.0, "predicted_tokens_per_second": 1.0 / predicted if predicted else None}
+
+    @property
+    def profile_state(self) -> str:
+        if self.profile is None:
+            return "measuring" if self._job is not None else "none"
+        return "busy" if self.profile.busy else "measured"
+
+    # --- measuring while idle -----------------------------------------------------------------------------
+    def wants_profile(self) -> bool:
+        """A profile is missing, or was measured on a busy machine (once a session), and can be measured here."""
+        if self.streams or getattr(self.backends, "make_target", None) is None:
+            return False  # a streaming target's profile is measured apart, before loading
+        return self.profile is None or (self.profile.busy and not self._remeasured)
+
+    def idle_step(self) -> bool:
+        """Measure one sample of the profile while the caller has nothing else to do; False when
+        there is nothing (left) to measure. The target's cache is left for the next answer to trim."""
+        if self._job is None:
+            if not self.wants_profile():
+                return False
+            self._remeasured = self.profile is not None
+            self._job = self._measure()
+        try:
+            next(self._job)
+            return True
+        except StopIteration:
+            self._job = None
+            return False
+
+    def _measure(self):
+        profile = new_profile(self.backends, measure_disk=False)  # the target is mapped: its pages can't be dropped
+        yield "bandwidths"
+        yield from profile_steps(profile, self.backends)
+        if profile.curves is not None:
+            save_profile(profile)
+            self.install(profile)
+
+    def install(self, profile: Profile) -> None:
+        """Plan with this profile from now on."""
+        self.profile = profile
+        self._start_pass_times()
+        self.price()
+
+
+def _price(plan: Plan) -> Price:
+    tps = plan.predicted_tokens_per_second
+    return Price(1.0 / tps, plan.predicted_tokens_per_pass / tps) if tps > 0 else Price(None)

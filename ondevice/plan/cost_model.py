@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.plan.hardware import Curves, pass_sizes
+from ondevice.plan.curve import Curves, pass_sizes
 from ondevice.plan.sequoia import MAX_DEPTH, chain_tokens_per_pass, sequoia_table
 from ondevice.protocols import DraftSpec
 
@@ -131,6 +131,13 @@ def _priced_plans(
                 t_pass, overlap = t_overlapped, True
         seconds_per_token = float(t_pass / tokens_per_pass)
         yield Plan(builder, budget, depth, float(tokens_per_pass), 1.0 / seconds_per_token, target_only_tps, overlap, hit_rate=hit)
+
+
+def priced_plans(curves: Curves, p_rank, overlap_possible: bool, budgets: Sequence[int] | None = None, max_depth: int = MAX_DEPTH,
+                 overhead_per_pass: float = 0.0, hit_scale: float = 1.0, overlap_scale: float = 1.0) -> list[Plan]:
+    """Every candidate tree (each builder, budget and depth) with its predicted speed."""
+    return list(_priced_plans(curves, p_rank, BUDGETS if budgets is None else budgets, max_depth, overlap_possible, overhead_per_pass,
+                              hit_scale, overlap_scale))
 
 
 def _fastest(plans) -> Plan | None:

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.draft.lookup import PromptLookupDrafter
-from ondevice.plan.hardware import Curves
+from ondevice.plan.curve import Curves
 from ondevice.plan.acceptance import acceptance_dir
 from ondevice.plan.cost_model import Plan
 from ondevice.paths import write_json

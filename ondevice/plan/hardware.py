@@ -1,9 +1,6 @@
-"""This machine: facts (CPU, SIMD, RAM, GPUs, disk) and measurements (memory, PCIe and disk
-bandwidth; latency curves of the target and the drafter), the inputs of the optimizer.
-
-Curves are measured, never assumed: a bf16 forward pass over 16 tokens costs the same as one token
-on a CPU with AMX and 3× more on one without; an offloaded target costs ~1.5 s at 1 or 1,000 tokens.
-torch is imported only inside the functions that need it.
+"""This machine: facts (CPU, SIMD, RAM, GPUs, disk) and bandwidths (memory, PCIe, disk), inputs
+of the optimizer beside the latency curves (`ondevice.plan.latency`). torch is imported only inside
+the functions that need it.
 """
 
 from __future__ import annotations
@@ -15,15 +12,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import psutil
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ondevice.protocols import MAX_BUDGET
-from ondevice.tree import DraftTree
 
 GiB = 1 << 30
 SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
@@ -224,131 +217,3 @@ def measure_disk_read(path: Path, max_bytes: int = 1 * GiB, chunk: int = 16 << 2
     if total == 0:
         raise ValueError(f"{path} is empty")
     return total / seconds / 1e9
-
-
-# --- latency curves ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LatencyCurve:
-    """Seconds per call at measured sizes n (tokens per target pass, or draft batch size)."""
-
-    ns: tuple[int, ...]
-    seconds: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.ns) == 0 or len(self.ns) != len(self.seconds) or list(self.ns) != sorted(set(self.ns)):
-            raise ValueError("a latency curve needs increasing sizes, one time each")
-
-    @property
-    def max_n(self) -> int:
-        return self.ns[-1]
-
-    def __call__(self, n: float) -> float:
-        """t(n): linear between measured points, flat below the first, last slope (≥ 0) beyond the last."""
-        ns, ts = np.asarray(self.ns, dtype=np.float64), np.asarray(self.seconds, dtype=np.float64)
-        if n <= ns[-1] or len(ns) == 1:
-            return float(np.interp(n, ns, ts))
-        slope = max(0.0, (ts[-1] - ts[-2]) / (ns[-1] - ns[-2]))
-        return float(ts[-1] + slope * (n - ns[-1]))
-
-    def padded(self) -> "LatencyCurve":
-        """t(n) = min over measured n' ≥ n of t(n'): a call can always pad n tokens up to n', so a
-        slower time at a smaller n is noise (another process took the CPU), not the machine."""
-        envelope = np.minimum.accumulate(np.asarray(self.seconds)[::-1])[::-1]
-        return LatencyCurve(self.ns, tuple(float(t) for t in envelope))
-
-    def to_dict(self) -> dict:
-        return {"ns": list(self.ns), "seconds": list(self.seconds)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LatencyCurve":
-        return cls(tuple(int(n) for n in d["ns"]), tuple(float(t) for t in d["seconds"]))
-
-
-@dataclass(frozen=True)
-class Curves:
-    """What the optimizer needs: a target pass vs tokens, and one draft call vs batch size."""
-
-    target: LatencyCurve
-    drafter: LatencyCurve
-
-    def to_dict(self) -> dict:
-        return {"target": self.target.to_dict(), "drafter": self.drafter.to_dict()}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Curves":
-        return cls(LatencyCurve.from_dict(d["target"]), LatencyCurve.from_dict(d["drafter"]))
-
-
-def powers_of_two(limit: int) -> tuple[int, ...]:
-    return tuple(1 << i for i in range(limit.bit_length()) if 1 << i <= limit)
-
-
-def pass_sizes(limit: int) -> tuple[int, ...]:
-    """The target pass sizes a profile times: each power of two and the size just above it. llama.cpp's
-    batched kernels work in tiles, so a pass costs a step function of its size (measured, AVX2, 2
-    cores: 7 tokens 0.23 s, 8-16 0.43 s, 17-32 0.69 s, 33-48 0.95 s); a tree of 2^k nodes and one of
-    2^k + 1 can differ by half, and a curve that only saw 2^k would call the second cheap."""
-    return tuple(sorted({n for p in powers_of_two(limit) for n in (p, p + 1) if n <= limit}))
-
-
-def _progress(show: bool) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(stderr=True), disable=not show, transient=True,
-    )
-
-
-def _time_calls(label: str, sizes: Sequence[int], call: Callable[[int], None], repeats: int, show: bool) -> LatencyCurve:
-    """Best of `repeats` calls at each size (other processes only ever add time), after one warm-up
-    call at the smallest size; made non-decreasing in n (`padded`)."""
-    call(sizes[0])
-    seconds = []
-    with _progress(show) as progress:
-        task = progress.add_task(label, total=len(sizes))
-        for n in sizes:
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                call(n)
-                times.append(time.perf_counter() - t0)
-            seconds.append(min(times))
-            progress.advance(task)
-    return LatencyCurve(tuple(sizes), tuple(seconds)).padded()
-
-
-def measure_target_curve(
-    target, ns: Sequence[int] | None = None, context_tokens: int = 64, repeats: int = 2, show: bool = True,
-    label: str = "target pass vs tokens",
-) -> LatencyCurve:
-    """Target pass latency vs tree size: forward_tree over a chain of n nodes on a short context.
-
-    The target's cache is left as it was found (the context and each tree are truncated away).
-    """
-    start = target.n_cached
-    room = target.n_ctx - start - context_tokens
-    if room < 1:
-        raise ValueError(f"the target's context ({target.n_ctx}) has no room to measure in")
-    ns = tuple(n for n in (ns or pass_sizes(MAX_BUDGET)) if n <= room) or (1,)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, min(target.n_vocab, 32000), size=context_tokens + max(ns)).tolist()
-    target.prefill(tokens[:context_tokens])
-    base = target.n_cached
-
-    def one_pass(n: int) -> None:  # n tree nodes: the root and a chain of n − 1 drafts
-        target.forward_tree(DraftTree.chain(tokens[context_tokens], tokens[context_tokens + 1 : context_tokens + n]))
-        target.commit([0])
-        target.truncate(base)
-
-    try:
-        return _time_calls(label, ns, one_pass, repeats, show)
-    finally:
-        target.truncate(start)
-
-
-def measure_drafter_curve(
-    decode_batch: Callable[[int], None], batch_sizes: Sequence[int] = powers_of_two(128), repeats: int = 3, show: bool = True,
-    label: str = "draft call vs batch",
-) -> LatencyCurve:
-    """Drafter latency of one decode call vs batch size; `decode_batch(n)` runs one call of n tokens
-    (and undoes its cache effects), e.g. LlamaDrafter's."""
-    return _time_calls(label, tuple(batch_sizes), decode_batch, repeats, show)

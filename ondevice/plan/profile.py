@@ -8,6 +8,12 @@ depend on besides the backend). It is reused until the hardware fingerprint or a
 when it is first needed and added. `curves` are those of the backends the pipeline loaded;
 `targets`/`drafters` hold all, so the planner can compare backends as it compares trees
 (plan/backends.py).
+
+Curves are timed as `ondevice.plan.timing` times calls: interleaved sweeps judged by what other
+processes did meanwhile. A profile whose samples stayed disturbed is saved with `busy` set: it is
+used (better than nothing; the planner's closed loop corrects it) and measured again at the next
+chance (`needs_measuring`). `profile_steps` measures one sample at a time, so a chat can measure
+while its user reads or types (plan/auto.py); `measure_profile` runs it to the end.
 """
 
 from __future__ import annotations
@@ -17,27 +23,23 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from ondevice.plan.hardware import (
-    Bandwidths,
-    Curves,
-    LatencyCurve,
-    MachineFacts,
-    machine_facts,
-    measure_disk_read,
-    measure_drafter_curve,
-    measure_pinned_bandwidth,
-    measure_ram_bandwidth,
-    measure_target_curve,
-    pass_sizes,
-)
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ondevice.plan.hardware import Bandwidths, MachineFacts, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
+from ondevice.plan.curve import Curves, LatencyCurve, pass_sizes, powers_of_two
+from ondevice.plan.latency import target_steps
+from ondevice.plan.timing import Timing, timing_steps
 from ondevice.errors import OndeviceError
 from ondevice.paths import home, write_json
 from ondevice.plan.ram import return_freed_memory
 from ondevice.protocols import MAX_BUDGET
 
-FORMAT_VERSION = 3  # 2: curves of every backend measured; 3: target passes timed at 2^k and 2^k + 1
+DRAFT_BATCH_MAX = 128  # the widest drafter call a profile times
+
+FORMAT_VERSION = 4  # 2: every backend's curves; 3: passes of 2^k and 2^k + 1; 4: contention-checked timing
 
 
 def file_identity(path: Path, sha256: str | None = None) -> dict:
@@ -65,6 +67,7 @@ class ProfileBackends:
     other_drafters: dict[str, Callable[[], Callable[[int], None]]] = field(default_factory=dict)
     key: str | None = None  # names the profile file with the pair (default: backend)
     memory: object | None = None  # plan.memory.MemoryPlan of a llama.cpp target: in RAM or streamed
+    profile_first: bool = False  # measure a missing profile before the first answer (a GPU target: seconds)
 
     @property
     def profile_key(self) -> str:
@@ -86,6 +89,9 @@ class Profile:
     drafters: dict[str, LatencyCurve] = field(default_factory=dict)  # every drafter backend measured
     skipped: dict[str, str] = field(default_factory=dict)  # "target onnx" -> why it could not be measured
     target_placement: str = "ram"  # "disk": the target streamed while its curves were measured (memory plan)
+    busy: bool = False  # some size had no sample undisturbed by other processes: measure again later
+    others_cores: float = 0.0  # what other processes used during the disturbed samples
+    target_context: int = 64  # tokens of context the target passes were timed over
 
     def curves_for(self, target: str, drafter: str) -> Curves:
         return Curves(self.targets[target], self.drafters[drafter])
@@ -96,7 +102,8 @@ class Profile:
                 "machine": asdict(self.machine), "bandwidths": asdict(self.bandwidths), "curves": self.curves.to_dict(),
                 "targets": curves(self.targets), "drafters": curves(self.drafters), "skipped": self.skipped,
                 "model_files": self.model_files, "overlap_possible": self.overlap_possible,
-                "created": self.created, "measure_seconds": self.measure_seconds, "target_placement": self.target_placement}  # fmt: skip
+                "created": self.created, "measure_seconds": self.measure_seconds, "target_placement": self.target_placement,
+                "busy": self.busy, "others_cores": self.others_cores, "target_context": self.target_context}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
@@ -105,7 +112,8 @@ class Profile:
         curves = lambda named: {name: LatencyCurve.from_dict(c) for name, c in named.items()}  # noqa: E731
         return cls(d["pair"], d["backend"], MachineFacts.from_dict(d["machine"]), Bandwidths(**d["bandwidths"]),
                    Curves.from_dict(d["curves"]), d["model_files"], d["overlap_possible"], d["created"], d["measure_seconds"],
-                   curves(d["targets"]), curves(d["drafters"]), d.get("skipped", {}), d.get("target_placement", "ram"))  # fmt: skip
+                   curves(d["targets"]), curves(d["drafters"]), d.get("skipped", {}), d.get("target_placement", "ram"),
+                   bool(d.get("busy", False)), float(d.get("others_cores", 0.0)), int(d.get("target_context", 64)))  # fmt: skip
 
 
 def profile_path(fingerprint: str, pair: str, backend: str) -> Path:
@@ -129,24 +137,35 @@ def load_profile(facts: MachineFacts, backends: ProfileBackends) -> Profile | No
     return profile
 
 
-def measure_profile(backends: ProfileBackends, show: bool = True, compare: bool = False, context_tokens: int = 64) -> Profile:
-    """Measure everything (minutes for a large target): facts, bandwidths, then each backend's curve
-    (the loaded ones; with `compare`, the other backends too, in the same run)."""
-    t0 = time.perf_counter()
+def new_profile(backends: ProfileBackends, measure_disk: bool = True) -> Profile:
+    """A profile with the machine's facts and bandwidths and no curves yet. The disk is read only
+    where the target file is not loaded yet: a mapped file's pages cannot be dropped from the cache."""
     facts = machine_facts(home())
-    target_file = Path(backends.model_files[0][0])
-    # The disk goes first: once a backend has the file mapped its pages can't be dropped from the cache.
-    disk = measure_disk_read(target_file)
+    disk = measure_disk_read(Path(backends.model_files[0][0])) if measure_disk else None
     ram = measure_ram_bandwidth()
     h2d, d2h = measure_pinned_bandwidth() if facts.gpus else (None, None)
-    profile = Profile(
+    return Profile(
         pair=backends.pair, backend=backends.profile_key, machine=facts, bandwidths=Bandwidths(ram, h2d, d2h, disk),
         curves=None, model_files=[file_identity(p, sha) for p, sha in backends.model_files],
         overlap_possible=backends.overlap_possible, target_placement=backends.memory.placement if backends.memory is not None else "ram",
     )  # fmt: skip
-    measure_backends(profile, backends, show, compare, context_tokens)
+
+
+def measure_profile(backends: ProfileBackends, show: bool = True, compare: bool = False, context_tokens: int = 64) -> Profile:
+    """Measure everything now (the loaded backends; with `compare`, the others too, in the same run)."""
+    t0 = time.perf_counter()
+    profile = new_profile(backends)
+    with _progress(show) as progress:
+        task = progress.add_task("profiling", total=None)
+        for label in profile_steps(profile, backends, compare, context_tokens):
+            progress.update(task, description=label, advance=1)
     profile.measure_seconds = time.perf_counter() - t0
     return profile
+
+
+def _progress(show: bool) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=Console(stderr=True), disable=not show,
+                    transient=True)
 
 
 def _wanted(backends: ProfileBackends, compare: bool) -> tuple[dict, dict]:
@@ -155,28 +174,69 @@ def _wanted(backends: ProfileBackends, compare: bool) -> tuple[dict, dict]:
     return targets, {name: make for name, make in drafters.items() if make is not None}
 
 
-def measure_backends(profile: Profile, backends: ProfileBackends, show: bool, compare: bool, context_tokens: int = 64) -> bool:
-    """Add the curves of the wanted backends the profile lacks; True if it measured anything.
-    A backend that cannot run here (OndeviceError: an unsupported file, …) is recorded in `skipped`."""
+def profile_steps(profile: Profile, backends: ProfileBackends, compare: bool = False, context_tokens: int = 64,
+                  redo: bool = False) -> Iterator[str]:
+    """Add the curves of the wanted backends the profile lacks (all of them with `redo`), one timed
+    sample per step; yields what it is measuring. A backend that cannot run here (OndeviceError: an
+    unsupported file, …) is recorded in `skipped`. The target's cache is left as found."""
     targets, drafters = _wanted(backends, compare)
-    measured = False
+    widest = 1
     for name, make_target in targets.items():
-        if name in profile.targets or f"target {name}" in profile.skipped:
+        if not redo and (name in profile.targets or f"target {name}" in profile.skipped):
+            widest = max(widest, profile.targets[name].max_n if name in profile.targets else 1)
             continue
         with _skipping(profile, f"target {name}"):
             target = make_target()
-            ns = pass_sizes(min(backends.max_tree, target.n_ctx - context_tokens))
-            profile.targets[name] = measure_target_curve(target, ns, context_tokens, show=show, label=f"target pass vs tokens ({name})")
-            measured = True
+            ns = pass_sizes(min(backends.max_tree, target.n_ctx - context_tokens - target.n_cached))
+            passes, steps = target_steps(target, ns, context_tokens)
+            try:
+                timing = yield from _labelled(steps, f"target pass vs tokens ({name})")
+            finally:
+                passes.undo()
+            profile.targets[name] = timing.curve
+            profile.target_context = passes.context
+            _note(profile, timing)
+            widest = max(widest, timing.curve.max_n)
         target = None  # one model in memory at a time (the loaded one stays with the pipeline)
         return_freed_memory()
+    batches = powers_of_two(max(2, min(DRAFT_BATCH_MAX, widest)))  # no level of a tree is wider than the tree
     for name, make_decode_batch in drafters.items():
-        if name in profile.drafters or f"drafter {name}" in profile.skipped:
+        if not redo and (name in profile.drafters or f"drafter {name}" in profile.skipped):
             continue
         with _skipping(profile, f"drafter {name}"):
-            profile.drafters[name] = measure_drafter_curve(make_decode_batch(), show=show, label=f"draft call vs batch ({name})")
-            measured = True
+            timing = yield from _labelled(timing_steps(batches, make_decode_batch()), f"draft call vs batch ({name})")
+            profile.drafters[name] = timing.curve
+            _note(profile, timing)
         return_freed_memory()
+    if backends.target_name in profile.targets and backends.drafter_name in profile.drafters:
+        profile.curves = profile.curves_for(backends.target_name, backends.drafter_name)
+
+
+def _labelled(steps, label: str):
+    """Re-yield a timing_steps generator's steps as `label: n tokens`; returns its Timing."""
+    while True:
+        try:
+            n = next(steps)
+        except StopIteration as done:
+            return done.value
+        yield f"{label}: n={n}"
+
+
+def _note(profile: Profile, timing: Timing) -> None:
+    """Keep what the timing says of other processes: busy if any curve stayed disturbed."""
+    if timing.busy:
+        profile.busy = True
+        profile.others_cores = max(profile.others_cores, timing.others_cores)
+
+
+def measure_backends(profile: Profile, backends: ProfileBackends, show: bool, compare: bool, context_tokens: int = 64) -> bool:
+    """Add the curves of the wanted backends the profile lacks, now; True if it measured anything."""
+    measured = False
+    with _progress(show) as progress:
+        task = progress.add_task("profiling", total=None)
+        for label in profile_steps(profile, backends, compare, context_tokens):
+            progress.update(task, description=label, advance=1)
+            measured = True
     return measured
 
 
@@ -186,6 +246,15 @@ def _skipping(profile: Profile, what: str):
         yield
     except OndeviceError as err:
         profile.skipped[what] = str(err)
+
+
+def saved_profile(backends: ProfileBackends) -> Profile | None:
+    """The saved profile with the loaded backends' curves, or None: nothing is measured."""
+    saved = load_profile(machine_facts(home()), backends)
+    if saved is None or backends.target_name not in saved.targets or backends.drafter_name not in saved.drafters:
+        return None
+    saved.curves = saved.curves_for(backends.target_name, backends.drafter_name)
+    return saved
 
 
 def get_profile(backends: ProfileBackends, refresh: bool = False, show: bool = True, compare: bool = False) -> tuple[Profile, bool]:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ondevice.paths import home, write_json
-from ondevice.plan.hardware import LatencyCurve
+from ondevice.plan.curve import LatencyCurve
 
 FORMAT_VERSION = 1
 

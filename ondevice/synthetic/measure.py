@@ -27,10 +27,9 @@ from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.plan.memory import MemoryPlan, ModelSize, tensor_bytes
-from ondevice.plan.hardware import (
-    Bandwidths, LatencyCurve, machine_facts, measure_disk_read, measure_drafter_curve, measure_pinned_bandwidth,
-    measure_ram_bandwidth, measure_target_curve, pass_sizes, powers_of_two,
-)  # fmt: skip
+from ondevice.plan.hardware import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
+from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
+from ondevice.plan.latency import measure_drafter_curve, measure_target_curve
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
 from ondevice.synthetic.quant_mix import file_bytes
 from ondevice.synthetic.sources import SyntheticModel
@@ -200,7 +199,7 @@ def compare_with_real(
             for _ in range(rounds):
                 for n in ns:
                     for label, target in (("real", real), ("twin", twin)):
-                        curves[label].append(measure_target_curve(target, [n], repeats=repeats, show=False))
+                        curves[label].append(measure_target_curve(target, [n], sweeps=repeats, show=False))
         finally:
             real.close()
             twin.close()

@@ -1,0 +1,238 @@
+"""The closed loop: what each configuration measured on this machine, and which one runs next.
+
+An *arm* is a way to decode a round: "target" (the target alone), "lookup" (prompt lookup, at the
+budget its model prefers), or a tree from the drafter model, "chain@B" / "best-first@B". Every
+round (drafting, one target pass, verification, and what the caller did with the last step) is
+timed on the wall clock and booked to the arm that ran it: tokens emitted, seconds.
+
+**Estimate.** An arm's seconds per token (spt, lower is better):
+
+    spt(a) = (S_a + W·κ_f·p_a) / (N_a + W)        κ_f = (S_f + W·p̄_f) / (P_f + W·p̄_f)
+
+S_a, N_a: the seconds and tokens the arm measured; p_a: the cost model's prediction (profile
+curves, acceptance learned so far), worth W = PRIOR_TOKENS tokens; κ_f: what the arm's family
+(target / lookup / model trees) measured against what was predicted for the same rounds (S_f
+against P_f = Σ tokens·p), so one tree found slower than predicted makes every unmeasured tree
+look slower too. An arm nobody can price (no profile yet) is known only once measured. All sums
+fade by DECAY per emitted token (acceptance follows the text; the machine's load changes), and a
+saved book is loaded at half weight.
+
+**Policy: exploit, with a bounded audit.** Each round runs the *incumbent*, the arm with the lowest
+spt. A *runner-up* is audited for AUDIT_ROUNDS rounds when
+  (1) it could be better: its optimistic spt, spt(a) / o_a with o_a = 1 + (OPTIMISM − 1)·W/(N_a + W),
+      beats the incumbent's — the cost model is trusted to within a factor OPTIMISM = 2, and less
+      slack is left the more the arm has been measured; and
+  (2) the audits' *regret* — seconds they took beyond what the incumbent would have needed for the
+      same tokens, switch costs included (a drafter catching up on the tokens it did not see) —
+      stays within EXPLORE_SHARE of the decode time, counting the block about to run (estimated
+      at the runner-up's optimistic spt, and at least MIN_AUDIT_REGRET of its time).
+A round of the target alone costs one cheap pass, so while a tree is the incumbent the target is
+audited often; a tree audited while the target leads pays its drafter's catch-up, so it is rare.
+
+**Worst case.** Audits lose at most EXPLORE_SHARE (3%) of the time the incumbent alone would take,
+plus one block's misestimate; the rest of the time runs the best arm measured so far. A prediction
+off by up to 2x in either direction is corrected: a runner-up predicted 2x too slow still passes
+(1) and is measured; an incumbent predicted 2x too fast is measured every round it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ondevice.paths import home, write_json
+from ondevice.protocols import DraftSpec
+
+PRIOR_TOKENS = 8.0  # W: a prediction's worth, in measured tokens
+OPTIMISM = 2.0  # how far off a prediction may be; an unmeasured arm may be this much faster
+SIBLING_OPTIMISM = 1.25  # ... once other arms of its family were measured (κ took up the family's error)
+EXPLORE_SHARE = 0.03  # audits' regret, as a share of decode time
+AUDIT_ROUNDS = 3  # rounds an audit runs a runner-up (its switch round not counted)
+MIN_AUDIT_REGRET = 0.25  # a block is budgeted at no less than this share of its time (no audit is free up front)
+DECAY = 0.999  # per emitted token: half-life ~700 tokens
+LOAD_WEIGHT = 0.5  # a saved book's sums count half in a new session
+FAMILIES = ("target", "lookup", "model")
+
+
+def arm_of(spec: DraftSpec | None) -> str:
+    """The arm a round's spec runs: "target", "lookup", or "<builder>@<budget>"."""
+    if spec is None or spec.budget <= 0:
+        return "target"
+    if spec.builder == "lookup":
+        return "lookup"
+    return f"{spec.builder}@{spec.budget}"
+
+
+def family_of(arm: str) -> str:
+    return arm if arm in ("target", "lookup") else "model"
+
+
+@dataclass
+class Tally:
+    """Faded sums of what rounds measured: tokens, seconds, rounds, and the seconds predicted for
+    the same tokens (Σ tokens·p at the time of each round; 0 where no prediction existed)."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    rounds: float = 0.0
+    predicted: float = 0.0
+    predicted_tokens: float = 0.0  # the tokens `predicted` covers
+
+    def add(self, tokens: int, seconds: float, spt_predicted: float | None) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self.rounds += 1
+        if spt_predicted is not None:
+            self.predicted += tokens * spt_predicted
+            self.predicted_tokens += tokens
+
+    def fade(self, factor: float) -> None:
+        for name in ("tokens", "seconds", "rounds", "predicted", "predicted_tokens"):
+            setattr(self, name, getattr(self, name) * factor)
+
+    @property
+    def spt(self) -> float | None:
+        return self.seconds / self.tokens if self.tokens > 1e-9 else None
+
+    @property
+    def seconds_per_round(self) -> float | None:
+        return self.seconds / self.rounds if self.rounds > 1e-9 else None
+
+
+@dataclass(frozen=True)
+class Price:
+    """What the cost model predicts for an arm: seconds per token and per round (None: no profile),
+    and `floor`, the fewest seconds per token it could physically take given what was measured
+    (None: nothing better known than the prediction / OPTIMISM)."""
+
+    spt: float | None
+    round_seconds: float | None = None
+    floor: float | None = None
+
+
+@dataclass
+class Audit:
+    arm: str
+    rounds_left: int
+    switch_pending: bool  # its first round will also pay a switch (the drafter catching up)
+
+
+@dataclass
+class ArmBook:
+    """Measured arms of one regime (machine, pair, backends, in RAM or streamed), and the policy."""
+
+    arms: dict[str, Tally] = field(default_factory=dict)
+    families: dict[str, Tally] = field(default_factory=dict)
+    decode_seconds: float = 0.0  # this session's rounds
+    audit_regret: float = 0.0  # this session's audits: seconds beyond the incumbent's pace
+    audit: Audit | None = None
+
+    # --- estimates --------------------------------------------------------------------------------
+    def kappa(self, family: str) -> float:
+        """κ_f: measured / predicted for the family's predicted rounds (1 with no data)."""
+        f = self.families.get(family)
+        if f is None or f.predicted_tokens <= 1e-9:
+            return 1.0
+        mean_p = f.predicted / f.predicted_tokens
+        measured = f.seconds * f.predicted_tokens / f.tokens  # the seconds of the predicted tokens
+        return (measured + PRIOR_TOKENS * mean_p) / (f.predicted + PRIOR_TOKENS * mean_p)
+
+    def spt(self, arm: str, predicted: float | None) -> float | None:
+        """Estimated seconds per token (None: neither measured nor predicted)."""
+        t = self.arms.get(arm, Tally())
+        if predicted is None:
+            return t.spt
+        return (t.seconds + PRIOR_TOKENS * self.kappa(family_of(arm)) * predicted) / (t.tokens + PRIOR_TOKENS)
+
+    def optimism(self, arm: str, price: Price) -> float:
+        """o_a: how much faster than its estimate the arm could be. 2x for a prediction nothing
+        checked, 1.25x where the family's other arms were measured, more where `floor` says so;
+        fading to 1 as the arm itself is measured."""
+        tokens = self.arms.get(arm, Tally()).tokens
+        family = self.families.get(family_of(arm), Tally()).tokens - tokens
+        slack = SIBLING_OPTIMISM + (OPTIMISM - SIBLING_OPTIMISM) * PRIOR_TOKENS / (max(family, 0.0) + PRIOR_TOKENS)
+        if price.floor and price.spt:
+            slack = max(slack, price.spt / price.floor)
+        return 1.0 + (slack - 1.0) * PRIOR_TOKENS / (tokens + PRIOR_TOKENS)
+
+    def ranked(self, prices: dict[str, Price]) -> list[tuple[str, float]]:
+        """(arm, estimated spt), fastest first, of the candidates that have an estimate."""
+        known = [(a, self.spt(a, p.spt)) for a, p in prices.items()]
+        return sorted(((a, s) for a, s in known if s is not None), key=lambda x: x[1])
+
+    # --- policy -----------------------------------------------------------------------------------
+    def next_arm(self, prices: dict[str, Price], default: str = "target", switch_cost=lambda arm: 0.0) -> tuple[str, bool]:
+        """(the arm to run next round, whether it is an audit). prices: the candidates' predictions.
+        switch_cost(arm): seconds it costs to start running `arm` now."""
+        ranked = self.ranked(prices)
+        incumbent, spt_incumbent = ranked[0] if ranked else (default, None)
+        if self.audit is not None and self.audit.arm in prices and self.audit.rounds_left > 0:
+            return self.audit.arm, True
+        self.audit = None
+        if spt_incumbent is None:
+            return incumbent, False
+        challengers = [(s / self.optimism(a, prices[a]), s, a) for a, s in ranked[1:]]
+        if not challengers:
+            return incumbent, False
+        hopeful, spt, arm = min(challengers)
+        if hopeful >= spt_incumbent:
+            return incumbent, False
+        per_round = self.arms.get(arm, Tally()).seconds_per_round or prices[arm].round_seconds or spt_incumbent
+        block = AUDIT_ROUNDS * per_round * hopeful / spt  # as fast as it could be
+        regret = block * max(MIN_AUDIT_REGRET, 1.0 - spt_incumbent / hopeful) + switch_cost(arm)
+        if self.audit_regret + regret > EXPLORE_SHARE * (self.decode_seconds + block):
+            return incumbent, False
+        self.audit = Audit(arm, AUDIT_ROUNDS, switch_cost(arm) > 0)
+        return arm, True
+
+    def observe(self, arm: str, tokens: int, seconds: float, spt_predicted: float | None, audit: bool,
+                spt_incumbent: float | None, switch: bool = False) -> None:
+        """One round of `arm`: tokens emitted in `seconds`. switch: it paid for a switch of arms (a
+        drafter catching up), which is booked to the audits and not to the arm. spt_incumbent: the
+        incumbent's estimate when the round ran (an audit's regret is measured against it)."""
+        factor = DECAY**tokens
+        for tally in (*self.arms.values(), *self.families.values()):
+            tally.fade(factor)
+        self.decode_seconds += seconds
+        if audit and spt_incumbent is not None:
+            self.audit_regret += max(0.0, seconds - tokens * spt_incumbent)
+        elif switch and spt_incumbent is not None:  # a switch back to the incumbent: the audit's doing
+            self.audit_regret += max(0.0, seconds - tokens * spt_incumbent)
+        if audit and self.audit is not None and self.audit.arm == arm:
+            self.audit.rounds_left -= 0 if switch else 1
+        if switch:
+            return
+        self.arms.setdefault(arm, Tally()).add(tokens, seconds, spt_predicted)
+        self.families.setdefault(family_of(arm), Tally()).add(tokens, seconds, spt_predicted)
+
+    # --- persistence --------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"arms": {a: asdict(t) for a, t in self.arms.items()}, "families": {f: asdict(t) for f, t in self.families.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict, weight: float = LOAD_WEIGHT) -> "ArmBook":
+        book = cls()
+        for key, target in (("arms", book.arms), ("families", book.families)):
+            for name, values in d.get(key, {}).items():
+                tally = Tally(**{k: float(v) for k, v in values.items() if k in Tally.__dataclass_fields__})
+                if all(math.isfinite(getattr(tally, k)) and getattr(tally, k) >= 0 for k in Tally.__dataclass_fields__):
+                    tally.fade(weight)
+                    target[name] = tally
+        return book
+
+
+def book_path(pair: str, regime: str) -> Path:
+    return home() / "arms" / f"{pair}-{regime}.json"
+
+
+def load_book(pair: str, regime: str) -> ArmBook:
+    try:
+        return ArmBook.from_dict(json.loads(book_path(pair, regime).read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return ArmBook()
+
+
+def save_book(book: ArmBook, pair: str, regime: str) -> Path:
+    return write_json(book_path(pair, regime), book.to_dict())
