@@ -90,6 +90,24 @@ function groupByCity(data) {
 ```""",
 ]
 
+# Held out from everything, the planner's tuning included: written for the planner's acceptance
+# measurements (README, "How it decides"), never iterated on. Code and chat, as users ask.
+HELDOUT_CODE = [
+    "Write a Python function that groups a list of words by their first letter and returns a dict of sorted lists.",
+    "Write a Go HTTP handler that returns the current server time as JSON.",
+    "Write a Python context manager that times the block it wraps and logs the elapsed milliseconds.",
+    "Implement a function in C that checks whether a binary tree is a valid binary search tree.",
+]
+
+HELDOUT_CHAT = [
+    "Why do databases use indexes, and what do they cost?",
+    "Explain what a race condition is with an everyday analogy.",
+    "What should I check before merging a pull request?",
+    "How is a linked list different from an array, and when does each win?",
+]
+
 EVAL = CODE_EVAL + CHAT_EVAL
+HELDOUT = HELDOUT_CODE + HELDOUT_CHAT
 CALIBRATION = CODE_CALIBRATION + CHAT_CALIBRATION
-SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "calibration": CALIBRATION}  # by --prompts name
+SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "calibration": CALIBRATION,  # by --prompts name
+        "heldout": HELDOUT, "heldout-code": HELDOUT_CODE, "heldout-chat": HELDOUT_CHAT}

@@ -115,11 +115,27 @@ class _Cursor:
 
 
 def read_header(path: str | Path) -> GGUFHeader:
-    """The header of a GGUF model (every part of a split one), or an OndeviceError naming the fix."""
+    """The header of a GGUF model (every part of a split one), or an OndeviceError naming the fix.
+    A file's header is parsed once per process while its size and mtime stay the same (a load
+    asks for it many times; a 151k-token vocabulary takes ~0.6 s to skip on 2 cores)."""
     path = Path(path).expanduser()
-    parts = [_read_part(part) for part in part_paths(path)]
+    parts = [_read_part_once(part) for part in part_paths(path)]
     tensors = {name: t for part in parts for name, t in part.tensors.items()}
     return GGUFHeader(path, parts[0].metadata, tensors)
+
+
+_PARSED: dict[tuple[str, int, int], GGUFHeader] = {}
+
+
+def _read_part_once(path: Path) -> GGUFHeader:
+    try:
+        st = path.stat()
+    except OSError:
+        return _read_part(path)  # let it say what is wrong
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _PARSED:
+        _PARSED[key] = _read_part(path)
+    return _PARSED[key]
 
 
 def _read_part(path: Path) -> GGUFHeader:

@@ -29,7 +29,7 @@ spt. A *runner-up* is audited for AUDIT_ROUNDS rounds when
 A round of the target alone costs one cheap pass, so while a tree is the incumbent the target is
 audited often; a tree audited while the target leads pays its drafter's catch-up, so it is rare.
 
-**Worst case.** Audits lose at most EXPLORE_SHARE (3%) of the time the incumbent alone would take,
+**Worst case.** Audits lose at most EXPLORE_SHARE (2%) of the time the incumbent alone would take,
 plus one block's misestimate; the rest of the time runs the best arm measured so far. A prediction
 off by up to 2x in either direction is corrected: a runner-up predicted 2x too slow still passes
 (1) and is measured; an incumbent predicted 2x too fast is measured every round it runs.
@@ -48,7 +48,7 @@ from ondevice.protocols import DraftSpec
 PRIOR_TOKENS = 8.0  # W: a prediction's worth, in measured tokens
 OPTIMISM = 2.0  # how far off a prediction may be; an unmeasured arm may be this much faster
 SIBLING_OPTIMISM = 1.25  # ... once other arms of its family were measured (κ took up the family's error)
-EXPLORE_SHARE = 0.03  # audits' regret, as a share of decode time
+EXPLORE_SHARE = 0.02  # audits' regret, as a share of decode time
 AUDIT_ROUNDS = 3  # rounds an audit runs a runner-up (its switch round not counted)
 MIN_AUDIT_REGRET = 0.25  # a block is budgeted at no less than this share of its time (no audit is free up front)
 DECAY = 0.999  # per emitted token: half-life ~700 tokens
@@ -192,9 +192,7 @@ class ArmBook:
         """One round of `arm`: tokens emitted in `seconds`. switch: it paid for a switch of arms (a
         drafter catching up), which is booked to the audits and not to the arm. spt_incumbent: the
         incumbent's estimate when the round ran (an audit's regret is measured against it)."""
-        factor = DECAY**tokens
-        for tally in (*self.arms.values(), *self.families.values()):
-            tally.fade(factor)
+        self.fade(DECAY**tokens)
         self.decode_seconds += seconds
         if audit and spt_incumbent is not None:
             self.audit_regret += max(0.0, seconds - tokens * spt_incumbent)
@@ -206,6 +204,11 @@ class ArmBook:
             return
         self.arms.setdefault(arm, Tally()).add(tokens, seconds, spt_predicted)
         self.families.setdefault(family_of(arm), Tally()).add(tokens, seconds, spt_predicted)
+
+    def fade(self, factor: float) -> None:
+        """Weigh everything measured so far by `factor` (the machine changed under it)."""
+        for tally in (*self.arms.values(), *self.families.values()):
+            tally.fade(factor)
 
     # --- persistence --------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -42,9 +42,14 @@ from ondevice.protocols import DraftSpec
 from ondevice.verify import Sampling
 
 CPU_MAX_TREE = 256  # on a CPU target the pass cost grows steeply; never worth profiling bigger trees
-REPLAN_CHANGE = 0.15  # re-price the arms within an answer when the target's curve moved by more than this
-REPRICE_ROUNDS = 64  # ... and at least this often (acceptance learned meanwhile)
+REPLAN_CHANGE = 0.15  # re-price the target alone and lookup when the target's curve moved by more than this ...
+MIN_REPRICE_ROUNDS = 8  # ... but not more often (one noisy pass moves a fresh bucket)
+JUMP = 2.0  # re-price everything at once when it moved by this factor (the target started or stopped streaming),
+JUMP_FADE = 0.1  # and count the arms' measurements this much from then on,
+SETTLE_ROUNDS = 3  # re-pricing after each of the next rounds while the curve learns the new regime
+REPRICE_ROUNDS = 256  # the drafter's trees are re-priced this often (~30 ms each time), and before every answer
 MODEL_ARMS = 3  # the drafter's best trees priced as arms: one per budget, fastest predicted first
+FRESH_PASSES = 16  # pass times this recent bound what the target alone could do (_target_floor)
 
 
 def upto(curve: LatencyCurve, max_tree: int) -> LatencyCurve:
@@ -103,9 +108,11 @@ class AutoPlanner:
         self.playing: str = "target"  # the arm of the next round
         self.auditing = False
         self._last_family: str | None = None  # the previous round's, in this answer
-        self._since_model = 0  # tokens emitted since the drafter model last drafted, in this answer
+        self._drafter_lag = 1  # tokens the drafter model's cache lacks (it catches up before drafting)
         self.answer_tokens_by_arm: Counter = Counter()
-        self._rounds_since_price = 0
+        self._rounds_since_price = self._rounds_since_trees = 0
+        self._jumped = False  # a pass came out JUMP times off its priced time
+        self._settling = 0  # rounds left to re-price every round after a jump
         self._priced_curve: np.ndarray | None = None
 
     # --- curves -------------------------------------------------------------------------------------
@@ -133,8 +140,9 @@ class AutoPlanner:
         return (self.guesses_hit + 1.0) / (self.guesses_expected + 1.0)
 
     # --- pricing the arms -----------------------------------------------------------------------------
-    def price(self) -> None:
-        """Predict every arm's speed from the current curves and acceptance (the closed loop's priors)."""
+    def price(self, trees: bool = True) -> None:
+        """Predict every arm's speed from the current curves and acceptance (the closed loop's priors).
+        trees=False keeps the drafter's trees as last priced (pricing them takes ~30 ms)."""
         target_curve = self.pass_times.curve(self.context)
         self._priced_curve, self._rounds_since_price = np.asarray(target_curve.seconds), 0
         known = self.profile is not None or self.pass_times.passes > 0  # a provisional curve needs one pass
@@ -144,8 +152,11 @@ class AutoPlanner:
         lookup = lookup_plan(Curves(target_curve, target_curve), self.lookup, self.overhead_per_pass) if known else None
         if lookup is not None:
             plans["lookup"] = lookup
-        if self.profile is not None and self.has_drafter:
+        if not trees:
+            plans.update({arm: plan for arm, plan in self.plans.items() if family_of(arm) == "model"})
+        elif self.profile is not None and self.has_drafter:
             plans.update(self._model_plans())
+            self._rounds_since_trees = 0
         self.plans = plans
         self.prices = {arm: _price(plan) if known else Price(None) for arm, plan in plans.items()}
         if known:
@@ -157,7 +168,7 @@ class AutoPlanner:
         1 (so a measured n-pass bounds it from above), and one pass of n costs at most n of 1, so
         t(1) ≥ t(n)/n for every size n measured. Where only trees ran, the target alone may be far
         faster than a curve measured on a busy machine says (plan/arms.py uses this floor)."""
-        measured = self.pass_times.measured()
+        measured = self.pass_times.measured(within=FRESH_PASSES)
         if not measured or 1 in measured:
             return None
         return min(seconds / n for n, seconds in measured.items()) + self.overhead_per_pass
@@ -213,17 +224,29 @@ class AutoPlanner:
     def spec(self, sampling: Sampling, context: int = 0, budget: int | None = None) -> DraftSpec | None:
         """The first round's spec of an answer whose prompt holds `context` tokens (budget: --budget)."""
         self._sampling, self.context, self.fixed_budget = sampling, context, budget
-        self._last_family, self.answer_tokens_by_arm, self._since_model = None, Counter(), 0
+        self._last_family, self.answer_tokens_by_arm, self._drafter_lag = None, Counter(), max(1, context)
         self.price()
         return self._next_spec()
 
     def replan(self) -> DraftSpec | None:
         """Between two rounds of an answer: the next round's spec, re-priced first when the target's
-        rescaled curve moved by more than REPLAN_CHANGE (or every REPRICE_ROUNDS rounds)."""
-        now = np.asarray(self.pass_times.curve(self.context).seconds)
-        moved = self._priced_curve is None or len(now) != len(self._priced_curve) or np.max(np.abs(now / self._priced_curve - 1.0)) > REPLAN_CHANGE
-        if moved or self._rounds_since_price >= REPRICE_ROUNDS or not self.prices.get("target", Price(None)).spt:
+        rescaled curve moved by JUMP (all arms), or by REPLAN_CHANGE after MIN_REPRICE_ROUNDS rounds
+        (the target alone and lookup), and the trees every REPRICE_ROUNDS rounds."""
+        if self._jumped:  # another regime (the target started or stopped streaming):
+            self.book.fade(JUMP_FADE)  # what the arms measured before says little now
+            self._jumped, self._settling = False, SETTLE_ROUNDS
             self.price()
+        elif self._settling:  # the curve is learning the new regime: re-price as it does
+            self._settling -= 1
+            self.price(trees=self._settling == 0)
+        elif not self.prices.get("target", Price(None)).spt or self._rounds_since_trees >= REPRICE_ROUNDS:
+            self.price()
+        elif self._rounds_since_price >= MIN_REPRICE_ROUNDS:
+            now = np.asarray(self.pass_times.curve(self.context).seconds)
+            same_sizes = self._priced_curve is not None and len(now) == len(self._priced_curve)
+            if not same_sizes or np.max(np.abs(np.log(now / self._priced_curve))) > np.log1p(REPLAN_CHANGE):
+                self.price(trees=False)
+            self._rounds_since_price = 0
         return self._next_spec()
 
     def _next_spec(self) -> DraftSpec | None:
@@ -233,10 +256,10 @@ class AutoPlanner:
 
     def _switch_cost(self, arm: str) -> float:
         """Seconds to start drafting with the model mid-answer: its cache catches up on the tokens
-        it did not see (about the tokens since it last drafted; here a block's worth)."""
+        it did not see (`_drafter_lag`: since it last drafted; the whole prompt if not in this answer)."""
         if family_of(arm) != "model" or self._last_family in (None, "model") or self.profile is None:
             return 0.0
-        return self.profile.curves.drafter(min(self._since_model + 1, self.profile.curves.drafter.max_n))
+        return self.profile.curves.drafter(self._drafter_lag)  # beyond the curve: its last slope
 
     @property
     def answer_tokens(self) -> int:
@@ -245,7 +268,12 @@ class AutoPlanner:
     def observe(self, report) -> None:
         """One verified round (engine.RoundReport): learn acceptance, pass time and the arm's speed."""
         arm = arm_of(report.spec)
-        self.pass_times.observe(len(report.tree), report.pass_seconds, report.context)
+        n = len(report.tree)
+        if self._priced_curve is not None and self.pass_times.passes:
+            expected = self.pass_times.base.ns.index(self.pass_times.bucket_of(n))
+            ratio = report.pass_seconds / self.pass_times.context_factor(report.context) / self._priced_curve[expected]
+            self._jumped |= not 1 / JUMP < ratio < JUMP
+        self.pass_times.observe(n, report.pass_seconds, report.context)
         if arm == "lookup":
             self.lookup.observe(report.tree, report.path)  # root-only trees too: rounds without a match
         elif family_of(arm) == "model" and len(report.tree) > 1:
@@ -256,10 +284,11 @@ class AutoPlanner:
         price = self.prices.get(arm, Price(None))
         self.book.observe(arm, len(report.path), report.round_seconds, price.spt, self.auditing and arm == self.playing, spt_incumbent, switch)
         self._last_family = family_of(arm)
-        self._since_model = 0 if family_of(arm) == "model" else self._since_model + len(report.path)
+        self._drafter_lag = 1 if family_of(arm) == "model" else self._drafter_lag + len(report.path)
         self.context = report.context + len(report.path)
         self.answer_tokens_by_arm[arm] += len(report.path)
         self._rounds_since_price += 1
+        self._rounds_since_trees += 1
 
     def finish(self, stats, tokens=None) -> None:
         """After an answer: learn the per-pass overhead and keep what was learned. `tokens` (prompt +

@@ -108,9 +108,10 @@ class PassTimes:
         else:
             self.buckets[key] = Bucket(predicted, seconds, 1, self.passes)
 
-    def measured(self) -> dict[int, float]:
-        """{bucket size: its average measured seconds} (as over the profile's context)."""
-        return {n: b.measured for n, b in self.buckets.items()}
+    def measured(self, within: int | None = None) -> dict[int, float]:
+        """{bucket size: its average measured seconds} (as over the profile's context), of the
+        buckets observed within the last `within` passes (all if None)."""
+        return {n: b.measured for n, b in self.buckets.items() if within is None or self.passes - b.last < within}
 
     def _fade(self, bucket: Bucket) -> float:
         return FADE ** (self.passes - bucket.last)

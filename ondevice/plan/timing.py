@@ -8,8 +8,10 @@ during such a minute is wrong for as long as it is kept. So the calls are timed 
   MIN_SAMPLE_SECONDS (the per-call time is the sample's mean): short enough to interleave, long
   enough for the CPU meter below to judge it.
 - **Judged by what the rest of the machine did meanwhile** (`CpuMeter`): CPU time used by all
-  processes but this one (user + system + irq + steal; niced processes yield and are left out),
-  per second of wall time: "others' cores". A sample during which others used more than
+  processes but this one (user + nice + system + irq + steal), per second of wall time: "others'
+  cores". Niced processes count too: llama.cpp's threads spin at every barrier, so one thread
+  preempted for a few ms by even a nice-19 process stalls the other (measured: passes 5-30x slower
+  while niced test runs shared the 2 cores). A sample during which others used more than
   OTHERS_MAX cores is *disturbed*.
 - **Interleaved sweeps.** Each size is sampled once per sweep, the sweeps in different orders, so a
   busy stretch hits different sizes in different sweeps; a size's time is the minimum over its
@@ -57,7 +59,7 @@ class CpuMeter:
     def read(self) -> tuple[float, float, float]:
         """(wall seconds, CPU seconds of all processes, CPU seconds of this one)."""
         t = psutil.cpu_times()
-        busy = sum(getattr(t, k, 0.0) for k in ("user", "system", "irq", "softirq", "steal"))
+        busy = sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
         own = self.me.cpu_times()
         return time.perf_counter(), busy, own.user + own.system
 
