@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ondevice.eval import prompts as prompt_sets
-from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_same, keep_fastest, run_config
+from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_same, forget_session, keep_fastest, run_config
 from ondevice.eval.llamacpp_rows import llamacpp_name
 from ondevice.eval.measured import record_bench
 from ondevice.cli import options as opt
@@ -87,6 +87,7 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
     when the passes change) and learns after it. Returns the row and the answers' token ids."""
     result = BenchResult("auto", "auto", 0)
     plans, outputs = [], []
+    forget_session(pipe.engine)
     for ids in prompts:
         pipe.engine.cached = []
         tokens = []
@@ -192,7 +193,7 @@ def bench(
         None, "--budgets", help="Comma-separated draft budgets (drafted nodes per target pass; default 4,16,64). "
         "With --synthetic: the pass sizes to time (tokens per target pass).", show_default=False,
     ),
-    prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays) or calibration."),
+    prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays), agent (conversations revising the same code) or calibration."),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
     max_tokens: opt.MaxTokens = 128,
     temperature: opt.Temperature = 0.0,
@@ -253,7 +254,7 @@ def bench(
             if len(pairs) > 1 and curves is None:
                 curves = measure_curves(pipe, as_json)  # the backends' latency curves, in this run
             prefix = f"{pipe.target_backend}/{pipe.info.get('drafter_backend') or '-'}: " if len(pairs) > 1 else ""
-            ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
+            ids = [pipe.encode_chat(prompt_sets.messages(t)) for t in texts]
             for result, outputs in bench_specs(pipe, ids, specs, max_tokens, sampling, as_json, prefix, reference):
                 reference = outputs if reference is None and result.budget == 0 and result.builder == "none" else reference
                 keep_fastest(best, result)
