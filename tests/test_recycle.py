@@ -56,7 +56,7 @@ def test_the_adjacency_is_a_table_of_the_last_rows_seen(seed):
     for _ in range(12):
         tree = random_tree(rng, vocab, int(rng.integers(1, 30)))  # some trees with more nodes than LEARN_ROWS
         logits = rng.standard_normal((len(tree), vocab)).astype(np.float32)
-        path = [0] + [i for i in range(1, len(tree)) if tree.parents[i] == 0][:1]
+        path = [0] + [i for i in range(1, len(tree)) if tree.parents[i] == 0][-1:]  # the last child: rows not contiguous
         recycler.learn(tree, logits, path)
         passes.append((tree, logits, path))
     table = naive_table(passes, LEARN_ROWS)

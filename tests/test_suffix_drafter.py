@@ -59,6 +59,14 @@ def test_rollback_restores_exactly_the_automaton_without_those_tokens(seed):
     assert structure(sam) == structure(built(kept))
     with pytest.raises(ValueError):
         sam.rollback(19)  # only what came after mark()
+    limited = built(kept[:12])
+    limited.undo_limit = 4
+    limited.mark()
+    for t in kept[12:]:
+        limited.extend(t)
+    assert limited.can_rollback() == 4  # only the last undo_limit steps are kept
+    limited.rollback(4)
+    assert structure(limited) == structure(built(kept[:-4]))
 
 
 # --- proposals against a brute-force reference -------------------------------------------------

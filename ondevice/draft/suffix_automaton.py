@@ -18,11 +18,13 @@ shorter suffixes inside such a run lag (they only weight proposals).
 
 `mark()` starts an undo log and `rollback(n)` removes the last n tokens appended since then
 (in reverse: counts, redirected transitions, clone, new transitions, states), so a context that
-was a guess (overlap drafting) can be taken back exactly.
+was a guess (overlap drafting) can be taken back exactly. The log keeps the last `undo_limit`
+steps (a step holds a few small lists: ~300 B).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 CHAIN_CAP = 256  # states counted per appended token (see the module docstring)
@@ -42,14 +44,16 @@ class _Step:
 
 
 class SuffixAutomaton:
-    def __init__(self) -> None:
+    def __init__(self, undo_limit: int | None = None) -> None:
+        """undo_limit: `rollback` reaches at most this many tokens back (older undo entries are dropped)."""
         self.length: list[int] = [0]  # state -> its longest member's length
         self.link: list[int] = [-1]  # state -> suffix link (state 0, the empty string, has none)
         self.next: list[dict[int, int]] = [{}]  # state -> token -> state
         self.count: list[int] = [0]  # state -> |endpos| (state 0: not kept)
         self.last = 0  # the state of the whole text
         self.n_tokens = 0
-        self._undo: list[_Step] | None = None  # since `mark()`, one entry per appended token
+        self.undo_limit = undo_limit
+        self._undo: deque[_Step] | None = None  # since `mark()`, one entry per appended token (the last undo_limit)
 
     def __len__(self) -> int:
         return self.n_tokens
@@ -104,7 +108,7 @@ class SuffixAutomaton:
     # --- undo ---------------------------------------------------------------------------------
     def mark(self) -> None:
         """From now on `rollback` can take back what is appended (the undo log restarts here)."""
-        self._undo = []
+        self._undo = deque(maxlen=self.undo_limit)
 
     def can_rollback(self) -> int:
         """How many of the last appended tokens `rollback` can remove."""
