@@ -111,6 +111,12 @@ def test_with_nothing_covered_it_is_the_best_nodes_of_the_union(seed, budget, mo
     assert set(got) == set(want) and all(abs(got[p] - want[p]) < 1e-5 for p in want)
 
 
+def test_free_ids_the_drafter_lacks_are_left_out():
+    lm = RecordingLM(vocab=24)
+    tree = run_hybrid(lm, 3, {(30,): CONFIDENT, (30, 4): CONFIDENT, (5,): -0.1, (5, 31): -0.1, (5, 31, 6): -0.1}, budget=12)
+    assert all(max(p) < 24 for p in token_paths(tree)) and (5,) in token_paths(tree)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_the_tree_never_exceeds_its_budget_or_depth(seed):
     rng = np.random.default_rng(seed)

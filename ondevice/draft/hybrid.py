@@ -35,23 +35,27 @@ import math
 import numpy as np
 
 from ondevice.draft.builders import BATCH_SPREAD, Round
-from ondevice.draft.search_tree import top_children
+from ondevice.draft.search_tree import SearchTree, top_children
 from ondevice.tree import DraftTree
 
 COVER_P = 0.9  # a free child this likely covers its parent: the drafter does not expand the parent for its own sake
 
 
 class HybridSearch:
-    """The union being grown: `r.tree` (a SearchTree) plus which source said what."""
+    """The union being grown: the round's SearchTree, seeded with the free tree, and each node's step."""
 
-    def __init__(self, r: Round, free: DraftTree):
-        self.r, self.tree = r, r.tree
+    def __init__(self, tree: SearchTree, free: DraftTree, vocab: int):
+        """vocab: the drafter's; a free node with an id past it (padding the drafter lacks) is left out, with all below it."""
+        self.tree = tree
         self.children: list[dict[int, int]] = [{}]  # node -> token -> child
         self.steps: list[float] = [0.0]  # node -> its step (score minus its parent's)
         self.covered: set[int] = set()
-        node_of = [0] * len(free)
+        node_of = [0] * len(free)  # free node -> search node (-1: left out)
         for i in range(1, len(free)):
             parent = node_of[int(free.parents[i])]
+            if parent < 0 or free.tokens[i] >= vocab:
+                node_of[i] = -1
+                continue
             step = float(free.logprobs[i] - free.logprobs[free.parents[i]])
             node_of[i] = self._add(parent, int(free.tokens[i]), step)
             if step >= math.log(COVER_P):
@@ -123,7 +127,7 @@ class HybridSearch:
 def build_hybrid(r: Round, root_logp: np.ndarray, free: DraftTree, max_batch: int, spread: float = BATCH_SPREAD) -> DraftTree:
     budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
     k = min(budget, len(root_logp))
-    search = HybridSearch(r, free)
+    search = HybridSearch(tree, free, len(root_logp))
     search.merge(0, root_logp, k, -np.inf)
     while True:
         kept = tree.best(budget, max_depth)
