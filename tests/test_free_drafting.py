@@ -199,3 +199,38 @@ def test_cli_specs_for_the_new_builders():
     for builder in ("suffix", "recycle", "hybrid"):
         assert make_spec(builder, None, False, Sampling()) == DraftSpec(builder, DEFAULT_BUDGET[builder])
         assert make_spec(builder, 3, False, Sampling()).budget == 3
+
+
+# --- the real pair: an agent-like conversation, the llama.cpp target ----------------------------------
+
+
+@pytest.mark.real
+def test_hybrid_and_suffix_equal_the_target_alone_on_an_agent_turn_real(real_pair, capsys):
+    """The agent set's third turn (the code of two earlier answers in the context), 64 tokens, on the
+    same engine: suffix @6, then hybrid @16 with the 0.5B drafter. Where an answer differs from the
+    target alone's, every token from there on must be the target's own argmax after its prefix unless
+    the margin is below this machine's batch noise for passes of that size (eval/numerics.py)."""
+    from ondevice.eval.numerics import greedy_misses, pass_noise
+    from ondevice.eval.prompts import AGENT_EVAL
+    from ondevice.prompt.tokenizer import Tokenizer
+    from ondevice.target.llama_target import LlamaTarget
+
+    tokenizer = Tokenizer(real_pair.target)
+    target = LlamaTarget(real_pair.target, n_ctx=2048, threads=2)
+    drafter = LlamaDrafter(real_pair.drafter, n_ctx=2048, threads=2)
+    prompt = tokenizer.encode_chat(AGENT_EVAL[2])
+    alone, base = decode(SpecEngine(target, None, tokenizer.is_end), prompt, 64)
+    engine = SpecEngine(target, router(target, drafter), tokenizer.is_end)
+    for spec in (DraftSpec("suffix", 6), DraftSpec("hybrid", 16)):
+        out, stats = decode(engine, prompt, 64, spec)
+        with capsys.disabled():
+            print(f"\n[{spec.builder} @{spec.budget} real] {stats.tokens_per_pass:.2f} tokens/pass, {stats.tokens_per_second:.1f} tok/s "
+                  f"vs {base.tokens_per_second:.1f} alone; identical: {out == alone}")
+        assert stats.tokens_per_pass > 1.5  # the answer re-emits the module in its context
+        if out != alone:
+            i = next((k for k, (a, b) in enumerate(zip(out, alone)) if a != b), min(len(out), len(alone)))
+            noise = pass_noise(target, prompt, alone, [spec.budget + 1])
+            near_ties, misses = greedy_misses(target, prompt + out[:i], out[i:], noise)
+            with capsys.disabled():
+                print(f"[{spec.builder} real] batch noise {noise:.3f}; first difference at {i}, near-ties at {near_ties}")
+            assert not misses, (misses, noise)
