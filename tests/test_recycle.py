@@ -4,7 +4,6 @@ free trees' merge."""
 
 from __future__ import annotations
 
-import heapq
 
 import numpy as np
 import pytest

@@ -193,7 +193,10 @@ def bench(
         None, "--budgets", help="Comma-separated draft budgets (drafted nodes per target pass; default 4,16,64). "
         "With --synthetic: the pass sizes to time (tokens per target pass).", show_default=False,
     ),
-    prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays), agent (conversations revising the same code) or calibration."),
+    prompt_set: str = typer.Option(
+        "eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays), "
+        "agent (conversations that revise the same code) or calibration.",
+    ),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
     max_tokens: opt.MaxTokens = 128,
     temperature: opt.Temperature = 0.0,

@@ -90,7 +90,7 @@ class TokenRecycler:
 
     def learn(self, tree: DraftTree, logits: np.ndarray, path: Sequence[int]) -> None:
         """Store the target's top-k after the nodes of a verified tree (logits: (len(tree), vocab))."""
-        on_path = set(int(i) for i in path)
+        on_path = {int(i) for i in path}
         others = [i for i in range(len(tree)) if i not in on_path]
         rows = (others[: max(0, self.learn_rows - len(on_path))] + [int(i) for i in path])[-self.learn_rows :]
         if self.next_tokens is None:
