@@ -87,7 +87,6 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
     when the passes change) and learns after it. Returns the row and the answers' token ids."""
     result = BenchResult("auto", "auto", 0)
     plans, outputs = [], []
-    forget_session(pipe.engine)
     for ids in prompts:
         pipe.engine.cached = []
         tokens = []
@@ -150,6 +149,7 @@ def bench_specs(pipe, ids: list[list[int]], specs, max_tokens: int, sampling: Sa
             auto = spec is not None and spec.builder == "auto"
             task = progress.add_task(prefix + ("auto" if auto else config_name(spec)), total=len(ids))
             advance = lambda: progress.advance(task)  # noqa: E731
+            forget_session(pipe.engine)  # the free drafters start each configuration knowing nothing of the last
             if auto:  # re-planned before every prompt and learning after each, as in a chat
                 result, outputs = run_auto(pipe, ids, spec, max_tokens, sampling, advance)
             else:
