@@ -207,6 +207,8 @@ class SpecEngine:
             verdict = verify(tree, logits, sampling, rng, rule)
             self.target.commit(verdict.path)
             stats.verify_seconds += time.perf_counter() - t0
+            if (learn := getattr(self.drafter, "learn", None)) is not None:  # free drafters learn from the target (draft/recycle.py)
+                learn(tree, logits, verdict.path)
             if guess is not None:
                 prepared = guess.next_tree(verdict)
             label = config_label(spec)

@@ -39,7 +39,7 @@ class LoadOptions:
     vocab_trim: bool = True
     threads: int | None = None
     n_ctx: int | None = None  # None: DEFAULT_CTX, or when a llama.cpp target streams, sized to `prompts`
-    prompts: tuple[str, ...] = ()  # what this load will answer, when known (generate, bench) ...
+    prompts: tuple = ()  # what this load will answer, when known (generate, bench: strings or conversations) ...
     max_tokens: int = 0  # ... and at most how many tokens each answer has
     device: str | None = None  # torch target: "cpu" / "cuda"; default: cuda if available
     gpu_memory: str | None = None
@@ -233,7 +233,8 @@ def _largest_tree(on_gpu: bool) -> int:
 def sized_context(tokenizer: Tokenizer, prompts, max_tokens: int, max_tree: int) -> int:
     """The context a streaming target needs for these prompts (chat-formatted or raw, whichever is
     longer) and their answers: its KV cache then takes what they use, not DEFAULT_CTX's cells."""
-    longest = max(max(len(tokenizer.encode_user(p)), len(tokenizer.encode(p, add_special=True))) for p in prompts)
+    longest = max(len(tokenizer.encode_chat(p)) if not isinstance(p, str)  # a conversation (bench's agent set)
+                  else max(len(tokenizer.encode_user(p)), len(tokenizer.encode(p, add_special=True))) for p in prompts)
     return answer_context(longest, max_tokens, max_tree)
 
 

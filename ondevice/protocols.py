@@ -49,11 +49,15 @@ class Target(Protocol):
 
 MAX_BUDGET = 2048  # the most drafted nodes per target pass any drafter or --budget accepts
 
-MODEL_BUILDERS = ("chain", "best-first", "multi-seq")  # trees grown by the drafter model
-FREE_BUILDERS = ("lookup",)  # no model: prompt lookup (draft/lookup.py)
+# trees grown by the drafter model; hybrid: its best-first search grown from the free sources' proposals
+MODEL_BUILDERS = ("chain", "best-first", "multi-seq", "hybrid")
+# no model: prompt lookup (draft/lookup.py), the session's suffix automaton (draft/suffix_drafter.py),
+# the target's recycled candidates (draft/recycle.py)
+FREE_BUILDERS = ("lookup", "suffix", "recycle")
 BUILDERS = MODEL_BUILDERS + FREE_BUILDERS
-# drafted nodes per pass when --budget is not given; lookup: passes of <= 7 tokens (cheap on a CPU target)
-DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "lookup": 6}
+# drafted nodes per pass when --budget is not given; free trees: passes of <= 7 tokens (cheap on a CPU
+# target); hybrid: best-first's budget (the free nodes take part of it)
+DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "hybrid": 16, "lookup": 6, "suffix": 6, "recycle": 6}
 
 
 @dataclass(frozen=True)
@@ -85,3 +89,6 @@ class Drafter(Protocol):
         of it (longest common prefix) and rolls back the rest.
         """
         ...
+
+    # Optional: `learn(tree, logits, path)`, called by the engine after every verification with the
+    # target's (len(tree), n_vocab) logits and the accepted path (draft/recycle.py keeps its top-k).

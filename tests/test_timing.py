@@ -43,16 +43,16 @@ def hogs(count: int, seconds: float) -> list[subprocess.Popen]:
 
 def test_the_meter_sees_another_process():
     meter = CpuMeter()
+    quiet = meter.read()
+    time.sleep(0.4)
+    baseline = meter.others_seconds(quiet, meter.read()) / 0.4  # whatever else runs here
     before = meter.read()
     procs = hogs(2, 0.6)
     time.sleep(0.5)
     after = meter.read()
     for p in procs:
         p.wait()
-    assert meter.others_seconds(before, after) / (after[0] - before[0]) > 0.5  # ~2 cores spun, ~half a second
-    quiet = meter.read()
-    time.sleep(0.3)
-    assert meter.others_seconds(quiet, meter.read()) / 0.3 < 0.5
+    assert meter.others_seconds(before, after) / (after[0] - before[0]) > baseline + 0.4  # ~2 cores spun for most of it
 
 
 def test_a_busy_stretch_is_detected_and_measured_again():

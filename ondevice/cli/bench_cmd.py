@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ondevice.eval import prompts as prompt_sets
-from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_same, keep_fastest, run_config
+from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_same, forget_session, keep_fastest, run_config
 from ondevice.eval.llamacpp_rows import llamacpp_name
 from ondevice.eval.measured import record_bench
 from ondevice.cli import options as opt
@@ -147,6 +147,7 @@ def bench_specs(pipe, ids: list[list[int]], specs, max_tokens: int, sampling: Sa
             auto = spec is not None and spec.builder == "auto"
             task = progress.add_task(prefix + ("auto" if auto else config_name(spec)), total=len(ids))
             advance = lambda: progress.advance(task)  # noqa: E731
+            forget_session(pipe.engine)  # the free drafters start each configuration knowing nothing of the last
             if auto:  # re-planned before every prompt and learning after each, as in a chat
                 result, outputs = run_auto(pipe, ids, spec, max_tokens, sampling, advance)
             else:
@@ -190,8 +191,11 @@ def bench(
         None, "--budgets", help="Comma-separated draft budgets (drafted nodes per target pass; default 4,16,64). "
         "With --synthetic: the pass sizes to time (tokens per target pass).", show_default=False,
     ),
-    prompt_set: str = typer.Option("eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays), calibration, "
-    "or heldout / heldout-code / heldout-chat (never tuned on: for the planner's figures in README)."),
+    prompt_set: str = typer.Option(
+        "eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays), "
+        "agent (conversations that revise the same code), calibration, or heldout / heldout-code / heldout-chat "
+        "(never tuned on: the planner's figures in README).",
+    ),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
     max_tokens: opt.MaxTokens = 128,
     temperature: opt.Temperature = 0.0,
@@ -252,7 +256,7 @@ def bench(
             if len(pairs) > 1 and curves is None:
                 curves = measure_curves(pipe, as_json)  # the backends' latency curves, in this run
             prefix = f"{pipe.target_backend}/{pipe.info.get('drafter_backend') or '-'}: " if len(pairs) > 1 else ""
-            ids = [pipe.encode_chat([{"role": "user", "content": t}]) for t in texts]
+            ids = [pipe.encode_chat(prompt_sets.messages(t)) for t in texts]
             for result, outputs in bench_specs(pipe, ids, specs, max_tokens, sampling, as_json, prefix, reference):
                 reference = outputs if reference is None and result.budget == 0 and result.builder == "none" else reference
                 keep_fastest(best, result)

@@ -26,7 +26,7 @@ Temperature = Annotated[float, typer.Option("--temperature", "-t", help="0 = gre
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].")]
 TopK = Annotated[int, typer.Option("--top-k", help="Sample among the k most likely tokens (0 = all).")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed for sampling.")]
-Tree = Annotated[str, typer.Option("--tree", help="Draft tree builder: chain, best-first, multi-seq, lookup (prompt lookup: no model), or auto (planner).")]
+Tree = Annotated[str, typer.Option("--tree", help="Draft tree builder: chain, best-first, multi-seq, hybrid (best-first grown from the free trees), lookup (prompt lookup), suffix (this session's text), recycle (the target's past candidates) — the last three need no model — or auto (planner).")]
 Budget = Annotated[Optional[int], typer.Option("--budget", help="Drafted tokens per target pass (default: chosen by the builder/planner).")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: physical cores this process may use).")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ondevice.draft.builders import BATCH_SPREAD, Round, build_best_first, build_chain, build_multi_seq
+from ondevice.draft.hybrid import build_hybrid
 from ondevice.draft.search_tree import SearchTree
 from ondevice.errors import OndeviceError
 from ondevice.protocols import MAX_BUDGET, MODEL_BUILDERS, DraftSpec
@@ -65,7 +66,8 @@ class ModelDrafter:
         limit = target_vocab if target_vocab is not None and target_vocab < self.n_vocab else None
         self.expander = self.cache if limit is None else VocabLimit(self.cache, limit)
 
-    def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
+    def draft(self, context: Sequence[int], spec: DraftSpec, free: DraftTree | None = None) -> DraftTree:
+        """free: the free sources' proposals a hybrid tree starts from (draft/hybrid.py; None: none)."""
         check_spec(spec)
         if spec.budget > self.max_tree:
             raise OndeviceError(
@@ -79,7 +81,7 @@ class ModelDrafter:
             )
         self.last_round, self.carried_fraction = None, 0.0
         if max(context) >= self.n_vocab:  # the target committed an id the drafter has no row for
-            return DraftTree.root_only(int(context[-1]))
+            return free if spec.builder == "hybrid" and free is not None else DraftTree.root_only(int(context[-1]))
         top_k = carries_search(spec)
         root_logits = self.cache.sync(context, min(spec.budget, self.n_vocab) if top_k else 0)
         if root_logits is None:  # the last search, re-rooted here: its root is expanded already
@@ -97,6 +99,8 @@ class ModelDrafter:
             return build_chain(r, root_logp)
         if spec.builder == "multi-seq":
             return build_multi_seq(r, root_logp)
+        if spec.builder == "hybrid" and not r.sampled:  # Sequoia's sampled children: the model's tree alone
+            return build_hybrid(r, root_logp, free or DraftTree.root_only(int(context[-1])), self.max_batch, self.batch_spread)
         self.last_round = r if top_k else None
         return build_best_first(r, root_logp, self.max_batch, self.batch_spread)
 

@@ -80,23 +80,23 @@ class OnnxDraftKV:
 
     # --- expansion ----------------------------------------------------------------------------
     def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray:
-        """Decode these nodes (their parents already expanded) in one call: (len(nodes), vocab) logits."""
+        """Decode these nodes in one call (each parent expanded already or earlier in `nodes`): (len(nodes), vocab) logits."""
         self.tree = tree
         n, start = len(nodes), self.used
         if n > self.free_capacity():
             raise RuntimeError("not enough free cache slots for this batch (check free_capacity)")
         mask = np.zeros((n, start + n), dtype=bool)
         mask[:, : len(self.tokens)] = True  # the context, root included
+        slot_of = {**self.slot_of, **{node: start + row for row, node in enumerate(nodes)}}  # a parent may be in this call
         for row, node in enumerate(nodes):
             mask[row, start + row] = True
             parent = tree.parents[node]
             while parent > 0:
-                mask[row, self.slot_of[parent]] = True
+                mask[row, slot_of[parent]] = True
                 parent = tree.parents[parent]
         positions = np.array([self.root_pos + tree.depths[node] for node in nodes])
         hidden = self.decoder.hidden([tree.tokens[node] for node in nodes], positions, start, mask)
-        for row, node in enumerate(nodes):
-            self.slot_of[node] = start + row
+        self.slot_of = slot_of
         self.used += n
         return self._logits(hidden)
 

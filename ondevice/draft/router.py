@@ -1,33 +1,80 @@
 """DraftRouter: one Drafter for the engine that sends each round to the drafter of `spec.builder`.
 
-The engine holds one drafter; the pipeline wires the drafter model (llama.cpp: chain, best-first,
-multi-seq) and the free prompt-lookup drafter (lookup) behind this router, so `--tree lookup` and
-the planner's fallback to lookup need nothing from the engine.
+The engine holds one drafter; the pipeline wires the drafter model (llama.cpp or ONNX: chain,
+best-first, multi-seq, hybrid) and the free drafters behind this router, so `--tree lookup` and the
+planner's fallback to lookup need nothing from the engine. The free drafters live as long as the
+pipeline, so they keep what this session taught them:
+
+- suffix:  SuffixDrafter, the session's text in a suffix automaton. The router shows it every
+           context, whatever builds the round's tree (a few µs per new token), so its history
+           holds every prompt and answer drafted for, not only the rounds it drafted.
+- recycle: TokenRecycler, filled by `learn` (the engine's hook after every verification).
+- lookup:  PromptLookupDrafter (stateless).
+- hybrid:  the three free trees merged (free_tree.merge_trees), handed to the drafter model, which
+           grows its best-first search from them under the same budget (draft/hybrid.py). Without
+           a drafter model it is the merged free tree alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
+import numpy as np
+
+from ondevice.draft.free_tree import for_rule, merge_trees
+from ondevice.draft.recycle import TokenRecycler
+from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.errors import OndeviceError
-from ondevice.protocols import FREE_BUILDERS, MODEL_BUILDERS, Drafter, DraftSpec
+from ondevice.protocols import BUILDERS, MODEL_BUILDERS, Drafter, DraftSpec
 from ondevice.tree import DraftTree
 
 
 class DraftRouter:
-    def __init__(self, model: Drafter | None, lookup: Drafter):
+    def __init__(self, model: Drafter | None, lookup: Drafter, suffix: SuffixDrafter | None = None, recycler: TokenRecycler | None = None):
         self.model = model
         self.lookup = lookup
         self.n_vocab = model.n_vocab if model is not None else lookup.n_vocab
+        self.suffix = suffix if suffix is not None else SuffixDrafter(lookup.n_vocab)
+        self.recycler = recycler if recycler is not None else TokenRecycler(lookup.n_vocab)
 
     def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
-        if spec.builder in FREE_BUILDERS:
+        if spec.builder not in BUILDERS:
+            raise OndeviceError(f"unknown draft builder {spec.builder!r}; choose one of {', '.join(BUILDERS)}.")
+        if len(context):
+            self.suffix.index.sync(context)  # history, whatever builds this tree
+        if spec.builder == "lookup":
             return self.lookup.draft(context, spec)
-        if spec.builder not in MODEL_BUILDERS:
-            raise OndeviceError(f"unknown draft builder {spec.builder!r}; choose one of {', '.join(MODEL_BUILDERS + FREE_BUILDERS)}.")
+        if spec.builder == "suffix":
+            return self.suffix.draft(context, spec)
+        if spec.builder == "recycle":
+            return self.recycler.draft(context, spec)
+        if spec.builder == "hybrid":
+            free = self.free_tree(context, spec)
+            return self.model.draft(context, spec, free) if self.model is not None else for_rule(
+                free, spec.sample_children, spec.temperature, self.lookup.n_vocab)
         if self.model is None:
             raise OndeviceError(f"the {spec.builder} tree needs the drafter model, which is not loaded; use --tree lookup.")
         return self.model.draft(context, spec)
+
+    def free_tree(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
+        """The free drafters' proposals for this round merged, cut to the spec's budget."""
+        plain = replace(spec, sample_children=False)  # proposals: q is not needed here
+        trees = [
+            self.suffix.draft(context, plain),
+            self.recycler.draft(context, plain),
+            self.lookup.draft(context, replace(plain, builder="lookup")),
+        ]
+        return merge_trees(trees, spec.budget, spec.max_depth)
+
+    def learn(self, tree: DraftTree, logits: np.ndarray, path: Sequence[int]) -> None:
+        """After a verification pass: the target's candidates at the tree's nodes go to token recycling."""
+        self.recycler.learn(tree, logits, path)
+
+    def forget(self) -> None:
+        """Drop what this session taught the free drafters (e.g. between benchmark configurations)."""
+        self.suffix.forget()
+        self.recycler.forget()
 
     def grows(self, spec: DraftSpec) -> bool:
         """Whether the drafter model can grow this round's search while the target verifies it."""

@@ -147,7 +147,8 @@ class DraftKV:
 
     # --- expansion ----------------------------------------------------------------------------
     def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray:
-        """Decode these nodes of `tree` (their parents already expanded) in one llama_decode.
+        """Decode these nodes of `tree` in one llama_decode: each parent expanded already, or earlier in
+        `nodes` with no other child there (the child then extends the parent's path sequence).
 
         Returns their (len(nodes), vocab) logits as a view, valid until the next decode.
         """

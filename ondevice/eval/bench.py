@@ -100,6 +100,14 @@ def config_name(spec: DraftSpec | None) -> str:
     return "target only" if spec is None else f"{spec.builder} @{spec.budget}"
 
 
+def forget_session(engine) -> None:
+    """Start a configuration with free drafters that know nothing of the last one's answers (the suffix
+    history, recycled candidates); within it they learn from prompt to prompt, as in a session."""
+    forget = getattr(engine.drafter, "forget", None)
+    if forget is not None:
+        forget()
+
+
 def run_config(
     engine, prompts: Iterable[list[int]], spec: DraftSpec | None, max_tokens: int, sampling: Sampling = Sampling(),
     on_prompt: Callable[[], None] | None = None,
@@ -107,6 +115,7 @@ def run_config(
     """Decode every prompt with one configuration; returns the summary and the generated ids."""
     result = BenchResult(config_name(spec), spec.builder if spec else "none", spec.budget if spec else 0)
     outputs = []
+    forget_session(engine)
     for ids in prompts:
         engine.cached = []  # each prompt from a cold cache: comparable across configurations
         tokens: list[int] = []

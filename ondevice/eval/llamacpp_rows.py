@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     models = choose(args.pair, None, None, True)
     tokenizer = Tokenizer(models.target)
     texts = prompt_sets.SETS[args.prompts][: args.limit or None]
-    ids = [tokenizer.encode_user(t) for t in texts]
+    ids = [tokenizer.encode_chat(prompt_sets.messages(t)) for t in texts]
     rows = []
     for name in args.rows.split(","):
         result, outputs = run_named(llamacpp_name(name.strip()), models, args.ctx, args.threads, ids, args.max_tokens, tokenizer.is_end)
