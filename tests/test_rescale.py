@@ -142,7 +142,7 @@ def test_plan_follows_a_target_that_starts_and_stops_streaming(planner):
     assert planner.spec(Sampling()) is None  # in RAM on 2 cores drafting does not pay: the target alone
     plans = run_passes(planner, 4, lambda n: true_pass(n, delta=DISK_SECONDS))  # the target now streams
     first_tree = next(i for i, p in enumerate(plans) if p.budget > 0)
-    assert first_tree <= 2, plans  # after one or two ~1 s passes it drafts trees
+    assert first_tree <= 3, plans  # after two or three ~1 s passes (two in a row confirm a new regime) it drafts trees
     assert plans[-1].builder == "best-first" and plans[-1].budget >= 8
     assert not plans[-1].overlap  # one CPU for both: drafting during the pass would only slow it
     plans = run_passes(planner, 8, lambda n: true_pass(n))  # back in RAM

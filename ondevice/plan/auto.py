@@ -43,8 +43,9 @@ from ondevice.verify import Sampling
 
 CPU_MAX_TREE = 256  # on a CPU target the pass cost grows steeply; never worth profiling bigger trees
 REPLAN_CHANGE = 0.15  # re-price the target alone and lookup when the target's curve moved by more than this ...
-MIN_REPRICE_ROUNDS = 8  # ... but not more often (one noisy pass moves a fresh bucket)
+MIN_REPRICE_ROUNDS = 4  # ... checked this often (one noisy pass moves a fresh bucket; the check costs ~0.3 ms)
 JUMP = 2.0  # re-price everything at once when it moved by this factor (the target started or stopped streaming),
+JUMP_PASSES = 2  # ... that many passes in a row (one pass can be another process's doing),
 JUMP_FADE = 0.1  # and count the arms' measurements this much from then on,
 SETTLE_ROUNDS = 3  # re-pricing after each of the next rounds while the curve learns the new regime
 REPRICE_ROUNDS = 256  # the drafter's trees are re-priced this often (~30 ms each time), and before every answer
@@ -111,7 +112,9 @@ class AutoPlanner:
         self._drafter_lag = 1  # tokens the drafter model's cache lacks (it catches up before drafting)
         self.answer_tokens_by_arm: Counter = Counter()
         self._rounds_since_price = self._rounds_since_trees = 0
-        self._jumped = False  # a pass came out JUMP times off its priced time
+        self._jumped = False  # JUMP_PASSES passes in a row came out JUMP times off their priced time
+        self._off = 0  # passes in a row off that way (+ slower, − faster)
+        self._regime_start = 0  # pass count when the last jump's passes began
         self._settling = 0  # rounds left to re-price every round after a jump
         self._priced_curve: np.ndarray | None = None
 
@@ -154,9 +157,10 @@ class AutoPlanner:
             plans["lookup"] = lookup
         if not trees:
             plans.update({arm: plan for arm, plan in self.plans.items() if family_of(arm) == "model"})
-        elif self.profile is not None and self.has_drafter:
-            plans.update(self._model_plans())
+        else:
             self._rounds_since_trees = 0
+            if self.profile is not None and self.has_drafter:
+                plans.update(self._model_plans())
         self.plans = plans
         self.prices = {arm: _price(plan) if known else Price(None) for arm, plan in plans.items()}
         if known:
@@ -168,7 +172,8 @@ class AutoPlanner:
         1 (so a measured n-pass bounds it from above), and one pass of n costs at most n of 1, so
         t(1) ≥ t(n)/n for every size n measured. Where only trees ran, the target alone may be far
         faster than a curve measured on a busy machine says (plan/arms.py uses this floor)."""
-        measured = self.pass_times.measured(within=FRESH_PASSES)
+        since_jump = self.pass_times.passes - self._regime_start  # older passes ran in another regime
+        measured = self.pass_times.measured(within=min(FRESH_PASSES, since_jump))
         if not measured or 1 in measured:
             return None
         return min(seconds / n for n, seconds in measured.items()) + self.overhead_per_pass
@@ -233,8 +238,10 @@ class AutoPlanner:
         rescaled curve moved by JUMP (all arms), or by REPLAN_CHANGE after MIN_REPRICE_ROUNDS rounds
         (the target alone and lookup), and the trees every REPRICE_ROUNDS rounds."""
         if self._jumped:  # another regime (the target started or stopped streaming):
-            self.book.fade(JUMP_FADE)  # what the arms measured before says little now
-            self._jumped, self._settling = False, SETTLE_ROUNDS
+            self.book.fade(JUMP_FADE)  # what the arms measured before says little now,
+            self.book.audit_regret = 0.0  # and what audits cost then is sunk: the new regime needs checking
+            self._jumped, self._off, self._settling = False, 0, SETTLE_ROUNDS
+            self._regime_start = self.pass_times.passes - JUMP_PASSES
             self.price()
         elif self._settling:  # the curve is learning the new regime: re-price as it does
             self._settling -= 1
@@ -272,7 +279,9 @@ class AutoPlanner:
         if self._priced_curve is not None and self.pass_times.passes:
             expected = self.pass_times.base.ns.index(self.pass_times.bucket_of(n))
             ratio = report.pass_seconds / self.pass_times.context_factor(report.context) / self._priced_curve[expected]
-            self._jumped |= not 1 / JUMP < ratio < JUMP
+            side = 1 if ratio >= JUMP else -1 if ratio <= 1 / JUMP else 0
+            self._off = self._off + side if side and np.sign(self._off) in (0, side) else side  # consecutive passes off, same way
+            self._jumped |= abs(self._off) >= JUMP_PASSES
         self.pass_times.observe(n, report.pass_seconds, report.context)
         if arm == "lookup":
             self.lookup.observe(report.tree, report.path)  # root-only trees too: rounds without a match
