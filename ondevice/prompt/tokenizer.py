@@ -30,7 +30,7 @@ class Tokenizer:
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self.architecture = self._meta("general.architecture")
         template = llama_cpp.llama_model_chat_template(self._model, None)
-        self.chat_template = template.decode("utf-8") if template else None
+        self.chat_template = template.decode("utf-8", errors="replace") if template else None  # bytes from the file: never trusted to be UTF-8
 
     def close(self) -> None:
         """Free the vocabulary now (it is also freed at garbage collection)."""
