@@ -15,7 +15,7 @@ from typing import Iterable
 import llama_cpp
 
 from ondevice import llama_backend
-from ondevice.prompt import chat_template
+from ondevice.prompt import chat_template, template_process
 from ondevice.errors import OndeviceError
 
 
@@ -100,7 +100,7 @@ class Tokenizer:
         """The chat template applied to `messages` (see chat_template.py); think: Qwen3's thinking switch."""
         if not self.chat_template:
             raise OndeviceError(f"{self.path.name} has no chat template; use `ondevice generate --raw` with a plain prompt.")
-        return chat_template.render(
+        return template_process.render(  # in a child process, under a time, memory and output budget
             self.chat_template, messages, model=self.path.name, add_generation_prompt=add_generation_prompt, think=think,
             bos_token=self.piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else "",
             eos_token=self.piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else "",
