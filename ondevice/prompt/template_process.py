@@ -40,6 +40,7 @@ class TemplateProcess:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None  # reads the answer, so that waiting for it can time out
+        self._stopped = False
 
     def render(self, request: dict, model: str) -> str:
         with self._lock:
@@ -48,6 +49,8 @@ class TemplateProcess:
                 line = self._ask(json.dumps(request))
             if not line:
                 self.close_locked()
+                if self._stopped:
+                    raise OndeviceError("the chat template was not rendered: ondevice is shutting down")
                 raise OndeviceError(f"the chat template of {model} did not render within {TEMPLATE_SECONDS:.0f} s "
                                     "(a runaway loop?); use `ondevice generate --raw` to send a prompt without it")
         answer = json.loads(line)
@@ -59,6 +62,8 @@ class TemplateProcess:
         """The worker's answer line; "" if it is dead, None if it gave none in time."""
         if self._proc is None or self._proc.poll() is not None:
             self.close_locked()
+            if self._stopped:
+                return ""
             self._proc = _start()
         try:
             self._proc.stdin.write(request + "\n")
@@ -89,6 +94,14 @@ class TemplateProcess:
         with self._lock:
             self.close_locked()
 
+    def stop(self) -> None:
+        """From any thread, without waiting for a render to finish (a server's shutdown): the worker is
+        killed, the render in progress and every later one fail at once."""
+        self._stopped = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
 
 def _start() -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the same ondevice as ours
@@ -98,6 +111,10 @@ def _start() -> subprocess.Popen:
 
 
 _shared = TemplateProcess()
+
+
+def stop() -> None:
+    _shared.stop()
 
 
 def render(template: str, messages: list[dict], *, model: str, **options) -> str:
