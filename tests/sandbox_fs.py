@@ -55,8 +55,8 @@ def namespaces_work() -> bool:
 
 def run_in_home(source: Path, command: list[str], mode: str, out: Path, env: dict[str, str] | None = None,
                 size: str = "8m", timeout: float = 300) -> Run:
-    """Run `command` with ONDEVICE_HOME a tmpfs holding a copy of `source`: mode "ro" (mounted read-only)
-    or "full" (filled to the last block first)."""
+    """Run `command` with ONDEVICE_HOME a tmpfs of `size` holding a copy of `source`: mode "ro" (mounted
+    read-only), "full" (filled to the last block first) or "rw" (as it is)."""
     if not namespaces_work():
         pytest.skip("needs `unshare --user --mount` (user and mount namespaces) for a real read-only or full filesystem")
     out.mkdir(parents=True, exist_ok=True)
