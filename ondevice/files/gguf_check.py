@@ -125,10 +125,7 @@ def _vocab_problem(metadata: dict) -> str | None:
 
 def _tensor_problem(header: GGUFHeader) -> str | None:
     """Types llama.cpp's graph cannot compute with: it asserts (e.g. RoPE factors must be F32) at the
-    first decode. Converters keep every vector (norms, biases, RoPE factors) in F32. Every model has an
-    input embedding table (a vocabulary-only file has no tensors at all)."""
-    if header.tensors and "token_embd.weight" not in header.tensors:
-        return "it has no input embedding table (token_embd.weight)"
+    first decode. Converters keep every vector (norms, biases, RoPE factors) in F32."""
     for t in header.tensors.values():
         if t.qtype not in WEIGHT_TYPES:
             return f"tensor {t.name!r} has the type {t.type_name}, which is not a weight type"

@@ -94,6 +94,8 @@ class ModelSize:
         header = check_model_file(path)  # a header llama.cpp would abort on, or our arithmetic fail on, is refused here
         if not header.tensors:
             raise OndeviceError(f"{path} holds no weights (a vocabulary-only GGUF); give the model's own file.")
+        if "token_embd.weight" not in header.tensors:
+            raise OndeviceError(f"{path} has no input embedding table (token_embd.weight): it is not a language model ondevice can run.")
         n_head = int(header.arch_value("attention.head_count", 1))
         n_embd = int(header.arch_value("embedding_length", 0))
         return cls(
