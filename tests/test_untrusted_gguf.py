@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import select
 import struct
 import subprocess
@@ -240,5 +239,4 @@ def test_fuzzed_gguf_headers_never_crash_hang_or_trace(fuzz_bases):
     assert len(outcomes) == len(fuzz_bases) * FUZZ_CASES
     refused = sum(o.startswith("refused") for o in outcomes)
     assert 0 < refused < len(outcomes), f"{refused} of {len(outcomes)} refused"
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 < MAX_RSS_BYTES
     assert time.monotonic() - started < 60
