@@ -26,6 +26,7 @@ from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import read_header
 from ondevice.prompt.tokenizer import Tokenizer
+from test_cli import assert_one_line_error
 from tiny_models import CHATML, tiny_vocab, write_tiny_gguf
 
 TESTS = Path(__file__).parent
@@ -43,12 +44,10 @@ def base(tmp_path_factory) -> bytes:
 
 
 def one_line_error(args: list[str]) -> str:
-    """Run the CLI; assert it failed with one `error:` line and no traceback or signal; that line."""
+    """Run the CLI; assert it failed with one `error:` line (exit 1: not -6, SIGABRT); that line."""
     result = subprocess.run([sys.executable, "-m", "ondevice", *args], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1, (result.returncode, result.stderr[-3000:])  # -6 is SIGABRT
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.stderr, result.stderr[-3000:]
-    return lines[0]
+    assert_one_line_error(result)
+    return result.stderr.strip()
 
 
 def raw_gguf(kv: bytes, n_kv: int) -> bytes:

@@ -20,11 +20,11 @@ import pytest
 
 from request_mutants import mutants
 from serve_process import ServeProcess
+from test_untrusted_templates import NESTED_LOOPS
 from tiny_models import write_tiny_gguf, write_tiny_pair
 
 READ_SECONDS = 2  # --read-timeout: what a client gets for its headers, and again for its body
 LOAD = ["--ctx", "512", "--threads", "1", "--tree", "chain", "--budget", "2", "--max-tokens", "8", "--read-timeout", str(READ_SECONDS)]
-NESTED_LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +164,18 @@ def slow_clients(server, stop: threading.Event) -> list[socket.socket]:
     return socks
 
 
-def test_health_stays_fast_and_sigterm_exits_under_slow_clients_and_a_hostile_template(hostile_server):
-    server, stop, latencies = hostile_server, threading.Event(), []
+def probe(server) -> float:
+    started = time.monotonic()
+    assert server.call("GET", "/health", timeout=10)[0] == 200
+    return time.monotonic() - started
+
+
+def test_health_stays_fast_and_sigterm_exits_under_slow_clients_and_a_hostile_template(hostile_server, server):
+    """/health within 100 ms throughout. Measured against an idle server probed in turn with it: on a
+    machine whose CPUs another process takes (these tests run at nice 19 beside benchmarks) every
+    probe waits for the CPU, and only what the load on this server adds is its doing."""
+    idle, server, stop = server, hostile_server, threading.Event()
+    latencies, idle_latencies = [], []
     socks = slow_clients(server, stop)
     chat = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
     big = {"model": "default", "prompt": "hello world " * 330_000}  # 3.9 MB, tokenized in the prompt thread
@@ -174,9 +184,8 @@ def test_health_stays_fast_and_sigterm_exits_under_slow_clients_and_a_hostile_te
         answers += [pool.submit(server.call, "POST", "/v1/completions", big, timeout=60) for _ in range(2)]
         deadline = time.monotonic() + 7
         while time.monotonic() < deadline:
-            started = time.monotonic()
-            assert server.call("GET", "/health", timeout=5)[0] == 200
-            latencies.append(time.monotonic() - started)
+            idle_latencies.append(probe(idle))
+            latencies.append(probe(server))
             time.sleep(0.02)
         statuses = sorted(a.result()[0] for a in answers)
         assert statuses == [400, 400, 400, 400], [a.result() for a in answers]  # the template refused, the prompt too long
@@ -189,5 +198,5 @@ def test_health_stays_fast_and_sigterm_exits_under_slow_clients_and_a_hostile_te
     stop.set()
     for sock in socks:
         sock.close()
-    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+    assert max(latencies) < 0.1 + max(idle_latencies), (sorted(latencies)[-5:], sorted(idle_latencies)[-5:])
     assert server.proc.returncode == 0 and exit_seconds < 2, (server.proc.returncode, exit_seconds)

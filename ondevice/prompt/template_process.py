@@ -141,6 +141,7 @@ def _serve() -> None:
     from ondevice.prompt.chat_template import render as render_here
 
     _limit_self()
+    os.nice(10)  # a runaway template spins at the lowest priority there is room for, behind the server
 
     def out_of_time(signum, frame):
         raise TimeoutError

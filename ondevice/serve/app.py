@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -49,7 +51,7 @@ class Api:
         self.config = config
         self.pipe = config.pipe
         self.queue = GenerationQueue(lambda job: run_job(self.pipe, job))
-        self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ondevice-prompt")
+        self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ondevice-prompt", initializer=_yield_to_the_loop)
 
     def close(self) -> None:
         """Shutdown: prompts not started yet are dropped; a template render in progress is stopped."""
@@ -180,6 +182,15 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+
+
+def _yield_to_the_loop() -> None:
+    """The prompt thread runs 5 nice levels below the event loop (Linux sets nice per thread), so
+    that on a busy CPU the loop still answers at once."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5))
+    except (AttributeError, OSError):  # not Linux: the thread keeps the process's priority
+        pass
 
 
 async def _until_finished(job: Job, request: Request):
