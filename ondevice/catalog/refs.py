@@ -75,15 +75,13 @@ def local_model(text: str, console: Console | None = None, force: bool = False) 
             raise OndeviceError(f"no GGUF file at {path}: check the path.")
         return path
     ref = parse_hf(text)
-    here = downloaded(ref)
-    if here is not None and not force:  # no network needed for a file we already have
-        return hub.local_path(here)
+    here = downloaded(ref)  # no network needed for a file we already have: it is checked as any cached file is
     return hub.ensure_file(here or model_file(ref), console, force=force, announce_cached=False)
 
 
 def downloaded(ref: HfRef) -> ModelFile | None:
-    """The verified download of a reference, if there is one (a quant is matched among the repo's
-    files downloaded here, as the hub's list would match it)."""
+    """The download of a reference, if there is one (a quant is matched among the repo's files
+    downloaded here, as the hub's list would match it); hub.ensure_file checks it before use."""
     if ref.file is not None:
         candidates = [ref.file]
     else:
@@ -94,4 +92,4 @@ def downloaded(ref: HfRef) -> ModelFile | None:
         except OndeviceError:
             return None
     found = model_file(HfRef(ref.repo, candidates[0], None))
-    return found if hub.is_downloaded(found) else None
+    return found if hub.was_downloaded(found) else None

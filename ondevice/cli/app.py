@@ -26,6 +26,11 @@ def main() -> None:
     except OndeviceError as err:
         err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(1)
+    except OSError as oserr:  # a disk or permission failure no command expected (state writes only warn): one line
+        where = f" {oserr.filename}" if oserr.filename else ""
+        err_console.print(f"[bold red]error:[/] cannot use{where} ({oserr.strerror or oserr}); free some space, check its "
+                          "permissions, or set ONDEVICE_HOME to another folder", highlight=False, markup=True, soft_wrap=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)

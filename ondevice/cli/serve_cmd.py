@@ -28,6 +28,7 @@ def serve(
     tree: opt.Tree = "auto",
     budget: opt.Budget = None,
     max_request_size: str = typer.Option("4MiB", "--max-request-size", help="Largest request body accepted (413 above it)."),
+    read_timeout: float = typer.Option(10.0, "--read-timeout", min=0.1, help="Seconds a client has to send a request's headers, and again its body (then 408 and the connection closes)."),
     *,
     load: LoadOptions,
 ) -> None:
@@ -55,7 +56,8 @@ def serve(
         if spec is not None and spec.builder == "auto":
             pipe.resolve(spec, sampling)  # profile this machine now (once), not during the first request
         err.print(f"serving {pipe.pair.name} at http://{host}:{port}/v1 (use it as an OpenAI base_url) · Ctrl-C stops", soft_wrap=True)
-        counts = run_server(ServeConfig(pipe, spec, Defaults(max_tokens, temperature, top_p, top_k, seed), api_key, max_body), sock)
+        counts = run_server(ServeConfig(pipe, spec, Defaults(max_tokens, temperature, top_p, top_k, seed), api_key, max_body), sock,
+                            read_seconds=read_timeout)
     finally:
         pipe.close()
     err.print(f"stopped; models freed · {counts['finished']} answers, {counts['cancelled']} cancelled, {counts['failed']} failed,"

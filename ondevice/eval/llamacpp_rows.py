@@ -36,7 +36,7 @@ from llama_cpp.llama_speculative import LlamaDraftModel
 
 from ondevice.errors import OndeviceError
 from ondevice.eval.bench import BenchResult
-from ondevice.llama_backend import cpu_has_amx, set_llama_logging
+from ondevice.llama_backend import check_gguf_file, cpu_has_amx, set_llama_logging
 from ondevice.protocols import DraftSpec
 
 SPEC_BATCH = 64
@@ -75,6 +75,7 @@ def _crash_guard():
 
 def load_llama(target_path, n_ctx: int, threads: int, draft_model: LlamaDraftModel | None = None) -> llama_cpp.Llama:
     batch = SPEC_BATCH if draft_model is not None else 512
+    check_gguf_file(target_path)  # a header llama.cpp would abort on is one line first, as in every other load
     with _crash_guard():
         llm = llama_cpp.Llama(
             model_path=str(target_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=batch, n_ubatch=batch,

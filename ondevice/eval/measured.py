@@ -7,11 +7,10 @@ same configuration replaces it). `ondevice models --predict` shows these next to
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from ondevice.paths import home, write_json
+from ondevice.paths import home, read_state, write_json
 
 
 def measured_path(fingerprint: str, pair: str, backend: str) -> Path:
@@ -32,7 +31,12 @@ def record_bench(fingerprint: str, pair: str, backend: str, results) -> Path:
 
 def load_measured(fingerprint: str, pair: str, backend: str) -> dict[str, dict]:
     """{config name: {tokens_per_second, tokens_per_pass, builder, budget, …}}; {} if never benched."""
-    try:
-        return json.loads(measured_path(fingerprint, pair, backend).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_state(measured_path(fingerprint, pair, backend), _records, "bench record") or {}
+
+
+def _records(data) -> dict[str, dict]:
+    rows_ok = isinstance(data, dict) and all(isinstance(row, dict) and isinstance(row.get("tokens_per_second"), (int, float))
+                                             and isinstance(row.get("budget"), (int, type(None))) for row in data.values())
+    if not rows_ok:
+        raise TypeError("expected {config: {tokens_per_second, budget, ...}}")
+    return data

@@ -9,13 +9,24 @@ Layout (GGUF v2/v3): magic, version, tensor count, key/value count; the key/valu
 infos (name, dims, type, offset relative to the data section); the data section, aligned to
 `general.alignment` (32 by default). A split model (`…-00001-of-00003.gguf`, see gguf_split.py)
 is read as one: metadata from the first part, tensors from every part, each with its file.
+
+The file may come from anyone, so the reader trusts none of it: every length and count is checked
+against the bytes left in the file before it is used (ggml's own reader keeps the same limits),
+arrays of arrays are refused as llama.cpp refuses them, `general.alignment` must be a power of two,
+and every tensor must have 1..4 dimensions of at least 1, a known type, whole blocks, and its bytes
+right after the previous tensor's (padded to the alignment) and inside the file. Any of that is one
+OndeviceError line. What llama.cpp would *abort* on in well-formed metadata is gguf_check.py's.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -26,6 +37,23 @@ OUTPUT_LAYER = "output"  # the LM head, where a per-layer view of the file count
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
+# Limits on what a header may declare; llama.cpp's own reader (ggml/src/gguf.cpp) keeps the same ones.
+MAX_KEY_BYTES = 65_535  # the GGUF spec's longest key
+MAX_NAME_BYTES = 63  # GGML_MAX_NAME (64) less the terminating zero
+MAX_STRING_BYTES = MAX_ARRAY_ITEMS = 1 << 30  # GGUF_MAX_STRING_LENGTH, GGUF_MAX_ARRAY_ELEMENTS
+MAX_KEYS = 1 << 20
+MAX_DIMS = 4  # GGML_MAX_DIMS
+TOKENS_KEY = "tokenizer.ggml.tokens"
+
+
+class ArrayInfo(NamedTuple):
+    """An array value as the header keeps it: its length and element type, not its items."""
+
+    kind: str  # always "array"
+    length: int
+    element_type: int  # a GGUF value type (8: string)
+    distinct: int | None = None  # how many different texts (tokenizer.ggml.tokens, when asked for)
 
 
 @dataclass(frozen=True)
@@ -45,7 +73,7 @@ class TensorRange:
 @dataclass(frozen=True)
 class GGUFHeader:
     path: Path  # the (first) file
-    metadata: dict  # scalars and strings; an array appears as ("array", its length)
+    metadata: dict  # scalars and strings; an array appears as ArrayInfo("array", its length, its element type)
     tensors: dict[str, TensorRange]
 
     @property
@@ -58,7 +86,7 @@ class GGUFHeader:
 
     @property
     def n_vocab(self) -> int:
-        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        tokens = self.metadata.get(TOKENS_KEY)
         if isinstance(tokens, tuple):
             return int(tokens[1])
         embd = self.tensors.get("token_embd.weight")
@@ -74,105 +102,168 @@ class GGUFHeader:
         return layers
 
 
+class HeaderError(ValueError):
+    """The header breaks a rule of the format (or a limit llama.cpp's reader keeps)."""
+
+
 class _Cursor:
-    def __init__(self, f):
-        self.f = f
+    """Reads a GGUF header from the mapped file: every length and count is checked against the bytes
+    left before anything is read or allocated (a length of 2^63 is an error, not a MemoryError)."""
+
+    def __init__(self, buf, distinct_tokens: bool = False):
+        self.buf, self.pos, self.size, self.distinct_tokens = buf, 0, len(buf), distinct_tokens
+
+    def remaining(self) -> int:
+        return self.size - self.pos
 
     def take(self, fmt: str):
         size = struct.calcsize(fmt)
-        raw = self.f.read(size)
-        if len(raw) != size:
+        if self.pos + size > self.size:
             raise EOFError("the header ends early")
-        return struct.unpack(fmt, raw)[0]
+        self.pos += size
+        return struct.unpack_from(fmt, self.buf, self.pos - size)[0]
 
-    def string(self) -> str:
+    def count(self, what: str, min_item_bytes: int, limit: int) -> int:
+        """A u64 count of items of at least `min_item_bytes` each: at most `limit`, and they must fit in the file."""
         n = self.take("<Q")
-        return self.f.read(n).decode("utf-8", errors="replace")
+        if n > limit or n * min_item_bytes > self.remaining():
+            raise HeaderError(f"{what} is {n:,}, more than the {self.remaining():,} bytes left can hold")
+        return n
 
-    def skip_string(self) -> None:
-        self.f.seek(self.take("<Q"), 1)
+    def string(self, what: str, limit: int = MAX_STRING_BYTES) -> str:
+        return self.raw_string(what, limit).decode("utf-8", errors="replace")
 
-    def value(self, kind: int):
+    def raw_string(self, what: str, limit: int = MAX_STRING_BYTES) -> bytes:
+        n = self.count(f"the length of {what}", 1, limit)
+        self.pos += n
+        return bytes(self.buf[self.pos - n : self.pos])
+
+    def strings(self, n: int, what: str):
+        """The next n strings' (start, end) offsets, checked (a vocabulary: 150k of them, read fast)."""
+        buf, pos, size, length_of = self.buf, self.pos, self.size, _U64.unpack_from
+        for _ in range(n):
+            if pos + 8 > size:
+                raise EOFError("the header ends early")
+            length = length_of(buf, pos)[0]
+            pos += 8 + length
+            if pos > size:
+                raise HeaderError(f"the length of {what} is {length:,}, more than the bytes left")
+            yield pos - length, pos
+        self.pos = pos
+
+    def value(self, kind: int, key: str):
         if kind in _SCALARS:
             return self.take(_SCALARS[kind])
         if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            elem, n = self.take("<I"), self.take("<Q")
-            if elem in _SCALARS:
-                self.f.seek(n * struct.calcsize(_SCALARS[elem]), 1)
-            else:
-                for _ in range(n):
-                    self.skip_array_item(elem)
-            return ("array", n)
-        raise ValueError(f"unknown GGUF value type {kind}")
+            return self.string(_shown(key))
+        if kind != _ARRAY:
+            raise HeaderError(f"{_shown(key)} has the unknown value type {kind}")
+        elem = self.take("<I")
+        if elem not in _SCALARS and elem != _STRING:  # llama.cpp reads no array of arrays
+            raise HeaderError(f"{_shown(key)} is an array of value type {elem}, which llama.cpp does not read")
+        item_bytes = struct.calcsize(_SCALARS[elem]) if elem in _SCALARS else 8
+        n = self.count(f"the length of {_shown(key)}", item_bytes, MAX_ARRAY_ITEMS)
+        if elem in _SCALARS:
+            self.pos += n * item_bytes
+            return ArrayInfo("array", n, elem)
+        spans = self.strings(n, f"an item of {_shown(key)}")
+        if key == TOKENS_KEY and self.distinct_tokens:  # llama.cpp aborts on two tokens of one text (an empty one is renamed)
+            return ArrayInfo("array", n, elem, len({bytes(self.buf[a:b]) or b"[EMPTY_%d]" % i for i, (a, b) in enumerate(spans)}))
+        for _ in spans:
+            pass
+        return ArrayInfo("array", n, elem)
 
-    def skip_array_item(self, kind: int) -> None:
-        if kind == _STRING:
-            self.skip_string()
-        else:
-            self.value(kind)
+
+def _shown(text: str) -> str:
+    """A name from the file as an error message shows it: quoted, at most 48 characters."""
+    return repr(text if len(text) <= 48 else text[:48] + "…")
 
 
-def read_header(path: str | Path) -> GGUFHeader:
+def read_header(path: str | Path, distinct_tokens: bool = False) -> GGUFHeader:
     """The header of a GGUF model (every part of a split one), or an OndeviceError naming the fix.
-    A file's header is parsed once per process while its size and mtime stay the same (a load
-    asks for it many times; a 151k-token vocabulary takes ~0.6 s to skip on 2 cores)."""
+    distinct_tokens: also count the different token texts (reads the vocabulary: ~0.1 s more)."""
     path = Path(path).expanduser()
-    parts = [_read_part_once(part) for part in part_paths(path)]
+    parts = [_read_part(part, distinct_tokens) for part in part_paths(path)]
     tensors = {name: t for part in parts for name, t in part.tensors.items()}
     return GGUFHeader(path, parts[0].metadata, tensors)
 
 
-_PARSED: dict[tuple[str, int, int], GGUFHeader] = {}
-
-
-def _read_part_once(path: Path) -> GGUFHeader:
+def _read_part(path: Path, distinct_tokens: bool) -> GGUFHeader:
     try:
-        st = path.stat()
-    except OSError:
-        return _read_part(path)  # let it say what is wrong
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _PARSED:
-        _PARSED[key] = _read_part(path)
-    return _PARSED[key]
-
-
-def _read_part(path: Path) -> GGUFHeader:
-    try:
-        with path.open("rb", buffering=1 << 20) as f:
-            return _parse(path, _Cursor(f))
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO or a device would block or never end
+            raise OndeviceError(f"{path} is not a regular file; give the path of the .gguf model file.")
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size < 24:
+                raise HeaderError("the file is too short")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _parse(path, _Cursor(buf, distinct_tokens))
     except FileNotFoundError:
         raise OndeviceError(f"model file {path} does not exist; run `ondevice download` or check the path.") from None
+    except IsADirectoryError:
+        raise OndeviceError(f"{path} is a folder, not a GGUF model file; give the path of the .gguf file.") from None
+    except OSError as err:
+        raise OndeviceError(f"model file {path} cannot be read ({err.strerror}); check its permissions.") from None
     except (EOFError, ValueError, struct.error, KeyError) as err:
         raise OndeviceError(f"{path} is not a readable GGUF file ({err}); download it again.") from None
 
 
 def _parse(path: Path, c: _Cursor) -> GGUFHeader:
-    if c.f.read(4) != b"GGUF":
-        raise ValueError("no GGUF magic")
+    if c.buf[:4] != b"GGUF":
+        raise HeaderError("no GGUF magic")
+    c.pos = 4
     version = c.take("<I")
-    if version < 2:
-        raise ValueError(f"GGUF version {version} is too old")
-    n_tensors, n_kv = c.take("<Q"), c.take("<Q")
+    if not 2 <= version <= 3:
+        raise HeaderError(f"GGUF version {version} is not 2 or 3")
+    n_tensors = c.take("<Q")
+    n_kv = c.count("the number of metadata keys", 13, MAX_KEYS)  # a key of 1 byte: 8 + 1 + 4 + a 1-byte value
+    if n_tensors * 29 > c.remaining():  # the smallest tensor info: 8 + 1 (name) + 4 + 4 + 8 + 4 (one dim)
+        raise HeaderError(f"the number of tensors is {n_tensors:,}, more than the {c.remaining():,} bytes left can hold")
     metadata = {}
     for _ in range(n_kv):
-        key = c.string()
-        metadata[key] = c.value(c.take("<I"))
-    infos = []
-    for _ in range(n_tensors):
-        name = c.string()
-        dims = tuple(c.take("<Q") for _ in range(c.take("<I")))
-        kind, offset = c.take("<I"), c.take("<Q")
-        infos.append((name, dims, kind, offset))
-    alignment = int(metadata.get("general.alignment", 32))
-    data_offset = -(-c.f.tell() // alignment) * alignment
-    tensors = {}
+        key = c.string("a metadata key", MAX_KEY_BYTES)
+        if not key or key in metadata:
+            raise HeaderError(f"metadata key {_shown(key)} is empty or repeated")
+        metadata[key] = c.value(c.take("<I"), key)
+    infos = [_tensor_info(c) for _ in range(n_tensors)]
+    alignment = metadata.get("general.alignment", 32)
+    if isinstance(alignment, ArrayInfo) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise HeaderError(f"general.alignment {alignment!r} is not a power of two")
+    data_offset = -(-c.pos // alignment) * alignment
+    return GGUFHeader(path, metadata, _tensor_ranges(path, infos, data_offset, alignment, c.size))
+
+
+def _tensor_info(c: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
+    name = c.string("a tensor name", MAX_NAME_BYTES)
+    n_dims = c.take("<I")
+    if n_dims > MAX_DIMS:
+        raise HeaderError(f"tensor {_shown(name)} has {n_dims} dimensions (at most {MAX_DIMS})")
+    dims = tuple(c.take("<Q") for _ in range(n_dims))
+    return name, dims, c.take("<I"), c.take("<Q")
+
+
+def _tensor_ranges(path: Path, infos, data_offset: int, alignment: int, file_size: int) -> dict[str, TensorRange]:
+    """The tensors' byte ranges, checked as llama.cpp checks them: known types, whole blocks, each
+    tensor right after the one before (padded to the alignment), all of it inside the file."""
+    tensors, expected = {}, 0
     for name, dims, kind, offset in infos:
-        qtype = GGMLQuantizationType(kind)
-        block, type_size = GGML_QUANT_SIZES[qtype]
+        if name in tensors:
+            raise HeaderError(f"tensor {_shown(name)} appears twice")
+        try:
+            qtype = GGMLQuantizationType(kind)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise HeaderError(f"tensor {_shown(name)} has the unknown type {kind}") from None
         n = 1
         for d in dims:
             n *= d
-        tensors[name] = TensorRange(path, name, int(qtype), dims, data_offset + offset, n // block * type_size)
-    return GGUFHeader(path, metadata, tensors)
+            if not 1 <= d or n >= 1 << 62:
+                raise HeaderError(f"tensor {_shown(name)} has the shape {dims}")
+        if dims and dims[0] % block:
+            raise HeaderError(f"tensor {_shown(name)} rows of {dims[0]} are not whole {qtype.name} blocks of {block}")
+        nbytes = n // block * type_size
+        if offset != expected or data_offset + offset + nbytes > file_size:
+            raise HeaderError(f"tensor {_shown(name)} at offset {offset:,} ({nbytes:,} bytes) is not where the file holds it "
+                              f"(expected {expected:,}; the file has {file_size:,} bytes)")
+        expected = offset + -(-nbytes // alignment) * alignment
+        tensors[name] = TensorRange(path, name, int(qtype), dims, data_offset + offset, nbytes)
+    return tensors

@@ -75,6 +75,9 @@ class SplitReader:
                 f"No GGUF file at {self.path.parent / missing[0]}" + (f" ({len(missing)} of {len(self.parts)} parts missing)" if len(self.parts) > 1 else "")
                 + ": check the path or run `ondevice download`."
             )
+        from ondevice.files.gguf_check import check_model_file
+
+        check_model_file(self.path)  # gguf-py trusts the header's lengths and counts: check them first
         readers = []
         for part in self.parts:
             try:

@@ -88,7 +88,8 @@ def ensure_export(
     trimmed = None if head_rows is None else folder / f"head-{rows_tag(head_rows)}.{variant}.onnx"
     manifest = folder / f"manifest.{variant}.json"
     with _locked(folder):
-        fresh = _current(manifest, ident)
+        saved = _current(manifest, ident)
+        fresh = saved is not None
         missing = [f for f in (body, head, trimmed) if f is not None and not (fresh and f.is_file() and Path(str(f) + ".data").is_file())]
         if missing:
             reader = W.open_gguf(gguf_path)
@@ -101,8 +102,8 @@ def ensure_export(
                     _build_head(source, args, path, accuracy_level, rows)
             embd = source.tensors["tok_embeddings.weight"]
             kernels = _kernel_check([p for p in (body, head, trimmed) if p], accuracy_level)
-            write_json(manifest, {**ident, "args": asdict(args), "embedding": EmbeddingRows.of_tensor(embd, embd.path).to_dict(), "kernels": kernels})
-        saved = json.loads(manifest.read_text())
+            saved = {**ident, "args": asdict(args), "embedding": EmbeddingRows.of_tensor(embd, embd.path).to_dict(), "kernels": kernels}
+            write_json(manifest, saved)  # not saved (read-only or full disk): this run still uses the export
     if error := saved.get("kernels", {}).get("fallback"):
         raise OndeviceError(f"{gguf_path.name}: {error}")
     return OnnxExport(folder, ModelArgs.from_dict(saved["args"]), EmbeddingRows.from_dict(saved["embedding"]), body, head, trimmed)
@@ -117,12 +118,13 @@ def _kernel_check(paths: list[Path], accuracy_level: int) -> dict:
     return {"ratios": {f"{c.bits}-bit block {c.block}": round(r, 3) for c, r in ratios.items()}, "fallback": fallback_error(ratios)}
 
 
-def _current(manifest: Path, ident: dict) -> bool:
+def _current(manifest: Path, ident: dict) -> dict | None:
+    """The manifest if it was written for this very file and these options, else None."""
     try:
         saved = json.loads(manifest.read_text())
     except (OSError, ValueError):
-        return False
-    return all(saved.get(k) == v for k, v in ident.items())
+        return None
+    return saved if isinstance(saved, dict) and all(saved.get(k) == v for k, v in ident.items()) else None
 
 
 @contextmanager

@@ -7,13 +7,12 @@ model pair under `<home>/acceptance/`, so plans follow acceptance as it drifts.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from ondevice.paths import home, write_json
+from ondevice.paths import home, read_state, write_json
 from ondevice.plan.sequoia import MAX_RANK
 from ondevice.tree import DraftTree
 
@@ -93,7 +92,12 @@ class AcceptanceTracker:
     @classmethod
     def from_dict(cls, d: dict) -> "AcceptanceTracker":
         tracker = cls(d["prior"], d["prior_weight"], d["decay"])
-        tracker.accepted, tracker.at_risk = np.array(d["accepted"]), np.array(d["at_risk"])
+        tracker.accepted, tracker.at_risk = np.array(d["accepted"], dtype=np.float64), np.array(d["at_risk"], dtype=np.float64)
+        arrays = (tracker.prior, tracker.accepted, tracker.at_risk)
+        if tracker.prior.ndim != 1 or not 1 <= len(tracker.prior) <= MAX_RANK or any(a.shape != tracker.prior.shape for a in arrays):
+            raise ValueError(f"prior, accepted and at_risk must be lists of the same length up to {MAX_RANK}")
+        if not all(np.isfinite(a).all() and (a >= 0).all() for a in arrays) or not tracker.prior_weight > 0 or not 0 < tracker.decay <= 1:
+            raise ValueError("counts must be finite and not negative, prior_weight > 0, 0 < decay <= 1")
         return tracker
 
     def save(self, pair: str) -> Path:
@@ -102,11 +106,7 @@ class AcceptanceTracker:
     @classmethod
     def load(cls, pair: str) -> "AcceptanceTracker":
         """The saved tracker for this pair, or a fresh one with the default prior."""
-        path = acceptance_dir() / f"{pair}.json"
-        try:
-            return cls.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError):
-            return cls()
+        return read_state(acceptance_dir() / f"{pair}.json", cls.from_dict, "acceptance record") or cls()
 
 
 # Which prior a pair starts from, by family. Only Qwen2.5's was measured (the numbers above); the

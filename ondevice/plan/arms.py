@@ -37,12 +37,11 @@ off by up to 2x in either direction is corrected: a runner-up predicted 2x too s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ondevice.paths import home, write_json
+from ondevice.paths import home, read_state, write_json
 from ondevice.protocols import DraftSpec
 
 PRIOR_TOKENS = 8.0  # W: a prediction's worth, in measured tokens
@@ -231,10 +230,8 @@ def book_path(pair: str, regime: str) -> Path:
 
 
 def load_book(pair: str, regime: str) -> ArmBook:
-    try:
-        return ArmBook.from_dict(json.loads(book_path(pair, regime).read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return ArmBook()
+    """The saved book (at LOAD_WEIGHT), or a fresh one; a file of the wrong shape is replaced (paths.read_state)."""
+    return read_state(book_path(pair, regime), ArmBook.from_dict, "planner's measurements") or ArmBook()
 
 
 def save_book(book: ArmBook, pair: str, regime: str) -> Path:

@@ -21,7 +21,7 @@ fresh prompts on the target alone, could never be proven wrong.
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -32,7 +32,7 @@ from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.plan.curve import Curves
 from ondevice.plan.acceptance import acceptance_dir
 from ondevice.plan.cost_model import Plan
-from ondevice.paths import write_json
+from ondevice.paths import read_state, write_json
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
 from ondevice.verify import child_index
@@ -110,13 +110,15 @@ class LookupTracker:
     @classmethod
     def load(cls, pair: str) -> "LookupTracker":
         """The saved tracker for this pair, or a fresh one with the prior."""
-        try:
-            d = json.loads((acceptance_dir() / f"{pair}-lookup.json").read_text())
-            tracker = cls(*(float(d[k]) for k in cls.FIELDS[:4]))
-            tracker.tokens, tracker.matched_tokens, tracker.at_risk, tracker.accepted = (float(d[k]) for k in cls.FIELDS[4:])
+        def parse(d: dict) -> "LookupTracker":
+            share, accept, weight, decay, *counts = (float(d[k]) for k in cls.FIELDS)
+            if not (0 <= share <= 1 and 0 <= accept <= 1 and 0 < weight < math.inf and 0 < decay <= 1 and all(0 <= c < math.inf for c in counts)):
+                raise ValueError("priors in 0..1, prior_weight > 0, 0 < decay <= 1 and counts >= 0 expected")
+            tracker = cls(share, accept, weight, decay)
+            tracker.tokens, tracker.matched_tokens, tracker.at_risk, tracker.accepted = counts
             return tracker
-        except (OSError, ValueError, KeyError, TypeError):
-            return cls()
+
+        return read_state(acceptance_dir() / f"{pair}-lookup.json", parse, "prompt-lookup record") or cls()
 
 
 def lookup_plan(curves: Curves, tracker: LookupTracker, overhead_per_pass: float = 0.0, max_budget: int = MAX_LOOKUP_BUDGET) -> Plan | None:

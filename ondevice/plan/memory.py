@@ -40,7 +40,9 @@ from pathlib import Path
 
 import psutil
 
-from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
+from ondevice.errors import OndeviceError
+from ondevice.files.gguf_check import check_model_file
+from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.plan.ram import RamBudget, anon_rss, ram_budget
 from ondevice.sizes import format_bytes
 
@@ -89,7 +91,11 @@ class ModelSize:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> "ModelSize":
-        header = read_header(path)
+        header = check_model_file(path)  # a header llama.cpp would abort on, or our arithmetic fail on, is refused here
+        if not header.tensors:
+            raise OndeviceError(f"{path} holds no weights (a vocabulary-only GGUF); give the model's own file.")
+        if "token_embd.weight" not in header.tensors:
+            raise OndeviceError(f"{path} has no input embedding table (token_embd.weight): it is not a language model ondevice can run.")
         n_head = int(header.arch_value("attention.head_count", 1))
         n_embd = int(header.arch_value("embedding_length", 0))
         return cls(

@@ -18,7 +18,6 @@ while its user reads or types (plan/auto.py); `measure_profile` runs it to the e
 
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -33,7 +32,7 @@ from ondevice.plan.curve import Curves, LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import target_steps
 from ondevice.plan.timing import Timing, timing_steps
 from ondevice.errors import OndeviceError
-from ondevice.paths import home, write_json
+from ondevice.paths import home, read_state, write_json
 from ondevice.plan.ram import return_freed_memory
 from ondevice.protocols import MAX_BUDGET
 
@@ -126,10 +125,8 @@ def save_profile(profile: Profile) -> Path:
 
 def load_profile(facts: MachineFacts, backends: ProfileBackends) -> Profile | None:
     """The saved profile if it still describes this machine and these model files, else None."""
-    path = profile_path(facts.fingerprint(), backends.pair, backends.profile_key)
-    try:
-        profile = Profile.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+    profile = read_state(profile_path(facts.fingerprint(), backends.pair, backends.profile_key), Profile.from_dict, "profile")
+    if profile is None:
         return None
     files_now = [file_identity(p, sha) for p, sha in backends.model_files]
     if profile.machine.fingerprint() != facts.fingerprint() or profile.model_files != files_now:

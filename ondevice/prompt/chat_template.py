@@ -4,7 +4,8 @@ The environment is transformers' (`apply_chat_template`): a sandbox with trim_bl
 the loopcontrols extension, a `tojson` that keeps non-ASCII text, `raise_exception` and
 `strftime_now`. Qwen3's template reads `enable_thinking` (`think=False` adds an empty think block so
 the model answers at once); templates that do not read it ignore it. A template that fails to render
-is one OndeviceError line, never a traceback.
+is one OndeviceError line, never a traceback. Tokenizers render in a child process under a time,
+memory and output budget (template_process.py): a template comes from the model file, from anyone.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def render(
         )
     except TemplateFailed as err:
         raise OndeviceError(f"the chat template of {model} refused the conversation: {err}") from None
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as err:
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError, ArithmeticError) as err:
         where = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
         raise OndeviceError(
             f"the chat template of {model} failed to render{where}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "

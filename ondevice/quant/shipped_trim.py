@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ondevice.paths import write_json
+from ondevice.paths import warn, write_json
 from ondevice.quant.vocab_trim import TrimmedVocab, build_trimmed, find_trimmed, trimmed_paths
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "catalog" / "models"
@@ -67,7 +67,13 @@ def trim_for_streaming(pair: str, drafter: Path, drafter_sha256: str | None, sho
     keep_ids, calibration = shipped
     if show is not None:
         show(f"writing the trimmed-vocabulary drafter {trimmed_paths(drafter)[0].name} (once: it leaves RAM to the target)")
-    build_trimmed(drafter, keep_ids, f"{calibration} (shipped with ondevice's catalog)")
+    try:
+        build_trimmed(drafter, keep_ids, f"{calibration} (shipped with ondevice's catalog)")
+    except OSError as err:  # a read-only or full models folder: the full drafter drafts, as in RAM
+        trimmed = trimmed_paths(drafter)[0]
+        trimmed.with_name(trimmed.name + ".partial").unlink(missing_ok=True)
+        warn(f"cannot write the trimmed drafter {trimmed} ({err.strerror}); the full drafter drafts instead")
+        return False
     return True
 
 

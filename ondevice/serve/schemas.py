@@ -1,6 +1,7 @@
 """The requests, as OpenAI's API spells them, checked into what the pipeline needs.
 
-Unknown fields are ignored (clients send many: `user`, `store`, `metadata`…). Fields that would change
+Unknown fields are ignored (clients send many: `user`, `store`, `metadata`…); known ones must have
+their JSON type (`"max_tokens": "5"` or `true` is a 400, not 5 or 1). Fields that would change
 the answer in a way ondevice cannot honour (`n` > 1, penalties, logprobs, tools, JSON mode) are refused
 with a 400 rather than silently ignored. Fields a request leaves out take the server's defaults
 (`ondevice serve --temperature … --max-tokens …`).
@@ -20,6 +21,11 @@ from ondevice.serve.errors import ApiError
 from ondevice.verify import Sampling
 
 MAX_STOPS = 4  # as OpenAI
+MAX_STOP_CHARS = 1024  # one stop sequence (StopMatcher's work grows with its length)
+MAX_SEED = 2**63 - 1
+# Types as JSON has them: "5" or true is not a number, [true] is not a list of token ids (pydantic's
+# default would convert them); a JSON integer is still a number where a float is expected.
+STRICT = ConfigDict(extra="ignore", strict=True)
 
 
 @dataclass(frozen=True)
@@ -34,13 +40,13 @@ class Defaults:
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: str
     text: str | None = None
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
 
@@ -56,14 +62,14 @@ class Message(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool = False
 
 
 class GenerationRequest(BaseModel):
     """The fields /v1/chat/completions and /v1/completions share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     model: str = "default"
     max_tokens: int | None = None
     temperature: float | None = None
@@ -89,6 +95,8 @@ class GenerationRequest(BaseModel):
         if not 0 <= temperature <= 2:
             raise ApiError(400, f"temperature must be between 0 and 2 (got {temperature}).", param="temperature")
         seed = _or(self.seed, defaults.seed)
+        if seed is not None and not 0 <= seed <= MAX_SEED:
+            raise ApiError(400, f"seed must be between 0 and {MAX_SEED} (got {seed}); leave it out for a fresh one.", param="seed")
         try:
             return Sampling(temperature, _or(self.top_p, defaults.top_p), _or(self.top_k, defaults.top_k),
                             random.randrange(2**31) if seed is None else seed)
@@ -109,6 +117,8 @@ class GenerationRequest(BaseModel):
         stops = [s for s in stops if s]
         if len(stops) > MAX_STOPS:
             raise ApiError(400, f"at most {MAX_STOPS} stop sequences (got {len(stops)}).", param="stop")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ApiError(400, f"a stop sequence may be at most {MAX_STOP_CHARS} characters long.", param="stop")
         return stops
 
 
@@ -178,10 +188,14 @@ def parse(kind: type[GenerationRequest], body: bytes) -> GenerationRequest:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ApiError(400, f"the request body is not valid JSON ({err}).") from None
+    except RecursionError:
+        raise ApiError(400, "the request body nests arrays or objects too deeply.") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object.")
     try:
         request = kind.model_validate(data)
+    except RecursionError:
+        raise ApiError(400, "the request body nests arrays or objects too deeply.") from None
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"

@@ -8,13 +8,12 @@ takes: `ondevice.plan.hardware.Curves`).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ondevice.paths import home, write_json
+from ondevice.paths import home, read_state, write_json
 from ondevice.plan.curve import LatencyCurve
 
 FORMAT_VERSION = 1
@@ -72,7 +71,4 @@ def save_measurement(fingerprint: str, m: SyntheticMeasurement) -> Path:
 
 def load_measurement(fingerprint: str, shape: str, role: str, backend: str, budgets: str = "") -> SyntheticMeasurement | None:
     """The cached measurement, or None when this machine has not measured it (or the file is unreadable)."""
-    try:
-        return SyntheticMeasurement.from_dict(json.loads(measurement_path(fingerprint, shape, role, backend, budgets).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return read_state(measurement_path(fingerprint, shape, role, backend, budgets), SyntheticMeasurement.from_dict, "synthetic-model measurement")

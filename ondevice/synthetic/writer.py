@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from ondevice.synthetic.blocks import generator, random_blocks
-from ondevice.catalog.hub import check_free_space
+from ondevice.catalog.models_folder import check_free_space
 from ondevice.synthetic.quant_mix import QUANTS, TensorSpec, file_bytes, preset_tensors
 from ondevice.synthetic.shapes import LLAMA3_ROPE, ModelShape
 from ondevice.synthetic.vocab import synthetic_vocab
