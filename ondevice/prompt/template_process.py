@@ -29,6 +29,8 @@ import threading
 from ondevice.errors import OndeviceError
 
 TEMPLATE_SECONDS = 5.0  # a real template renders a long conversation in milliseconds
+STARTUP_SECONDS = 120.0  # a worker starting (Python, jinja2: ~0.1 s) where the page cache thrashes (a model
+# streaming from disk in a 1.2 GB cgroup) took more than 5 s: its start is not the template's time
 WORKER_MEMORY_BYTES = 1 << 30  # the worker's address space: Python, jinja2 and the render
 MAX_OUTPUT_CHARS = 32 << 20  # a prompt longer than any context window holds
 
@@ -65,20 +67,27 @@ class TemplateProcess:
             if self._stopped:
                 return ""
             self._proc = _start()
+            if self._read_line(STARTUP_SECONDS) != "ready\n":  # imported what it needs, before the clock runs
+                self.close_locked()
+                return ""
         try:
             self._proc.stdin.write(request + "\n")
             self._proc.stdin.flush()
         except OSError:
             self.close_locked()
             return ""
-        result: list[str] = []
-        self._reader = threading.Thread(target=lambda proc=self._proc: result.append(proc.stdout.readline()), daemon=True)
-        self._reader.start()
-        self._reader.join(TEMPLATE_SECONDS)
-        line = result[0] if result else None
+        line = self._read_line(TEMPLATE_SECONDS)
         if line == "":
             self.close_locked()
         return line
+
+    def _read_line(self, seconds: float) -> str | None:
+        """The worker's next line within `seconds` ("" at the end of its output, None if none came)."""
+        result: list[str] = []
+        self._reader = threading.Thread(target=lambda proc=self._proc: result.append(proc.stdout.readline()), daemon=True)
+        self._reader.start()
+        self._reader.join(seconds)
+        return result[0] if result else None
 
     def close_locked(self) -> None:
         if self._proc is not None:
@@ -149,6 +158,8 @@ def _serve() -> None:
     alarm = hasattr(signal, "setitimer")  # not on Windows: the parent's kill still bounds the time
     if alarm:
         signal.signal(signal.SIGALRM, out_of_time)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         request = json.loads(line)
         model = request["model"]
