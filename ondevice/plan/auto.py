@@ -49,7 +49,8 @@ JUMP_PASSES = 2  # ... that many passes in a row (one pass can be another proces
 JUMP_FADE = 0.1  # and count the arms' measurements this much from then on,
 SETTLE_ROUNDS = 3  # re-pricing after each of the next rounds while the curve learns the new regime
 REPRICE_ROUNDS = 256  # the drafter's trees are re-priced this often (~30 ms each time), and before every answer
-MODEL_ARMS = 3  # the drafter's best trees priced as arms: one per budget, fastest predicted first
+MODEL_ARMS = 3  # the drafter's best trees priced as arms, fastest predicted first, ...
+SPREAD = 1.5  # ... their budgets at least this far apart
 FRESH_PASSES = 16  # pass times this recent bound what the target alone could do (_target_floor)
 
 
@@ -170,13 +171,16 @@ class AutoPlanner:
     def _target_floor(self) -> float | None:
         """The fastest a single-token pass could be: a pass of n tokens never costs less than one of
         1 (so a measured n-pass bounds it from above), and one pass of n costs at most n of 1, so
-        t(1) ≥ t(n)/n for every size n measured. Where only trees ran, the target alone may be far
-        faster than a curve measured on a busy machine says (plan/arms.py uses this floor)."""
+        t(1) ≥ t(n)/n for every size n measured. Where the target streams, a pass reads the same
+        bytes whatever its size, so t(1) ≥ the fastest pass measured. Where only trees ran, the
+        target alone may be far faster than a curve measured on a busy machine says (plan/arms.py
+        uses this floor)."""
         since_jump = self.pass_times.passes - self._regime_start  # older passes ran in another regime
         measured = self.pass_times.measured(within=min(FRESH_PASSES, since_jump))
         if not measured or 1 in measured:
             return None
-        return min(seconds / n for n, seconds in measured.items()) + self.overhead_per_pass
+        per_token = (seconds / (1 if self.streams else n) for n, seconds in measured.items())
+        return min(per_token) + self.overhead_per_pass
 
     def choose(self) -> Plan:
         """Price the arms now; the incumbent's plan (what the next round runs unless it audits)."""
@@ -184,8 +188,9 @@ class AutoPlanner:
         return self.plan
 
     def _model_plans(self) -> dict[str, Plan]:
-        """The drafter's fastest predicted tree at each of the MODEL_ARMS best budgets, plus every tree
-        already measured that is still within reach (its measurement may say it is the best)."""
+        """The drafter's fastest predicted tree at MODEL_ARMS budgets (the best, and the best of other
+        sizes), plus every tree already measured that is still within reach (its measurement may say
+        it is the best)."""
         curves = self.curves
         budgets = None if self.fixed_budget is None else [self.fixed_budget]
         kwargs = dict(overhead_per_pass=self.overhead_per_pass, hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
@@ -193,7 +198,10 @@ class AutoPlanner:
         for plan in priced_plans(curves, self.tracker.p_rank, self.overlap_possible, budgets=budgets, **kwargs):
             if plan.budget <= self.max_tree and (plan.budget not in best or plan.predicted_tokens_per_second > best[plan.budget].predicted_tokens_per_second):
                 best[plan.budget] = plan
-        ranked = sorted(best.values(), key=lambda p: -p.predicted_tokens_per_second)[:MODEL_ARMS]
+        ranked: list[Plan] = []  # the fastest predicted, and then the fastest of other sizes (SPREAD apart):
+        for plan in sorted(best.values(), key=lambda p: -p.predicted_tokens_per_second):  # the loop can
+            if len(ranked) < MODEL_ARMS and all(max(plan.budget, r.budget) >= SPREAD * min(plan.budget, r.budget) for r in ranked):
+                ranked.append(plan)  # find that a smaller or larger tree measures faster than predicted
         plans = {arm_of(p.draft_spec()): p for p in ranked}
         for arm in self.book.arms:
             if family_of(arm) == "model" and arm not in plans:
