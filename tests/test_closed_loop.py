@@ -19,7 +19,7 @@ from ondevice.engine import RoundReport
 from ondevice.plan import auto as autoplan
 from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, load_book, save_book
 from ondevice.plan.curve import Curves, LatencyCurve
-from ondevice.protocols import DraftSpec
+from ondevice.protocols import FREE_BUILDERS as FREE, DraftSpec
 from ondevice.tree import DraftTree
 from ondevice.verify import Sampling
 
@@ -129,8 +129,8 @@ def play_round(planner, spec: DraftSpec | None, context: int, rng) -> int:
     """One round as the real pair runs on an AVX-512 EPYC in RAM: the target's quiet curve, the
     drafter's calls per level, each drafted token accepted with p = 0.8. Returns tokens emitted."""
     budget = spec.budget if spec is not None else 0
-    if spec is not None and spec.builder == "lookup":
-        budget = 0  # prose: no earlier occurrence to copy
+    if spec is not None and spec.builder in FREE:
+        budget = 0  # prose: no earlier occurrence to copy, nothing recycled
     tree = DraftTree.chain(7, list(range(100, 100 + budget)))
     accepted = 0
     while accepted < budget and rng.random() < 0.8:
@@ -152,8 +152,8 @@ def test_a_poisoned_profile_is_corrected_within_one_answer(tmp_path, monkeypatch
         played.append(planner.playing)
         context += play_round(planner, spec, context, rng)
         spec = planner.replan()
-    assert planner.plan.builder in ("target-only", "lookup")  # on prose lookup finds nothing: a round of it is the target alone
-    undrafted = ["target" if arm in ("target", "lookup") else arm for arm in played]
+    assert planner.plan.builder in ("target-only", *FREE)  # on prose free drafters find nothing: a round of one is the target alone
+    undrafted = ["target" if arm in ("target", *FREE) else arm for arm in played]
     assert first_settled(undrafted, "target") <= SETTLE_ROUNDS
     later = undrafted[first_settled(undrafted, "target") :]
     assert later.count("target") >= 0.9 * len(later)
@@ -169,6 +169,6 @@ def test_a_right_profile_keeps_the_target_alone_from_the_first_round(tmp_path, m
         played.append(planner.playing)
         context += play_round(planner, spec, context, rng)
         spec = planner.replan()
-    assert sum(arm in ("target", "lookup") for arm in played) >= 0.95 * len(played)
+    assert sum(arm in ("target", *FREE) for arm in played) >= 0.95 * len(played)
     summary = planner.summary()
-    assert summary["arm"]["name"] in ("target", "lookup") and summary["arm"]["measured_tokens_per_second"] == pytest.approx(1 / 0.032, rel=0.1)
+    assert summary["arm"]["name"] in ("target", *FREE) and summary["arm"]["measured_tokens_per_second"] == pytest.approx(1 / 0.032, rel=0.1)

@@ -147,9 +147,9 @@ def test_plan_follows_a_target_that_starts_and_stops_streaming(planner):
     assert not plans[-1].overlap  # one CPU for both: drafting during the pass would only slow it
     planner.streams = False  # back in RAM (the memory plan says so: the target fits again)
     plans = run_passes(planner, 8, lambda n: true_pass(n))
-    back = next(i for i, p in enumerate(plans) if p.budget <= 1)
-    assert back <= 3, plans  # at most a one-token draft within three passes (the trees' streamed rounds are faded, not forgotten)
-    assert plans[-1].budget == 0 and not plans[-1].overlap  # then the target alone
+    back = next(i for i, p in enumerate(plans) if p.budget <= 4)
+    assert back <= 2, plans  # small trees within two passes
+    assert plans[-1].budget <= 1 and plans[-1].builder != "best-first" and not plans[-1].overlap, plans  # then the target alone or a free one-token draft
 
 
 def test_a_profile_measured_streaming_already_holds_the_disk_so_a_slowdown_is_compute(tmp_path, monkeypatch):

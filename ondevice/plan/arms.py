@@ -1,21 +1,25 @@
 """The closed loop: what each configuration measured on this machine, and which one runs next.
 
-An *arm* is a way to decode a round: "target" (the target alone), "lookup" (prompt lookup, at the
-budget its model prefers), or a tree from the drafter model, "chain@B" / "best-first@B". Every
+An *arm* is a way to decode a round: "target" (the target alone), a free drafter — "lookup",
+"suffix", "recycle", at the budget its tracker prefers — or a tree from the drafter model,
+"chain@B" / "best-first@B" / "hybrid@B" (best-first seeded with the free drafters' proposals). Every
 round (drafting, one target pass, verification, and what the caller did with the last step) is
 timed on the wall clock and booked to the arm that ran it: tokens emitted, seconds.
 
 **Estimate.** An arm's seconds per token (spt, lower is better):
 
-    spt(a) = (S_a + W·κ_f·p_a) / (N_a + W)        κ_f = (S_f + W·p̄_f) / (P_f + W·p̄_f)
+    spt(a) = p_a · (S_a + W·p_a·κ_f) / (P_a + W·p_a)        κ_f = (S_f + W·p̄_f) / (P_f + W·p̄_f)
 
-S_a, N_a: the seconds and tokens the arm measured; p_a: the cost model's prediction (profile
-curves, acceptance learned so far), worth W = PRIOR_TOKENS tokens; κ_f: what the arm's family
-(target / lookup / model trees) measured against what was predicted for the same rounds (S_f
-against P_f = Σ tokens·p), so one tree found slower than predicted makes every unmeasured tree
-look slower too. An arm nobody can price (no profile yet) is known only once measured. All sums
-fade by DECAY per emitted token (acceptance follows the text; the machine's load changes), and a
-saved book is loaded at half weight.
+p_a: the cost model's prediction now (profile curves rescaled by the passes seen, acceptance
+learned so far); S_a: the seconds the arm's rounds measured, P_a = Σ tokens·p over the same rounds,
+p predicted for each with the target pass it actually took (`Price.after_pass`: the pass time is
+the curve's to learn) — so an arm's measurement is a ratio to its prediction, which stays true
+when the curves move; W = PRIOR_TOKENS tokens' worth of prior; κ_f: the same ratio
+over the arm's family (the target alone, each free drafter, the model's trees), so one tree
+found slower than predicted makes every unmeasured tree look slower too. An arm nobody can price
+(no profile yet) is known by its seconds per token once measured. All sums fade by DECAY per
+emitted token (acceptance follows the text; the machine's load changes), and a saved book is
+loaded at half weight.
 
 **Policy: exploit, with a bounded audit.** Each round runs the *incumbent*, the arm with the lowest
 spt. A *runner-up* is audited for AUDIT_ROUNDS rounds when
@@ -42,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ondevice.paths import home, read_state, write_json
-from ondevice.protocols import DraftSpec
+from ondevice.protocols import FREE_BUILDERS, DraftSpec
 
 PRIOR_TOKENS = 8.0  # W: a prediction's worth, in measured tokens
 OPTIMISM = 2.0  # how far off a prediction may be; an unmeasured arm may be this much faster
@@ -59,13 +63,14 @@ def arm_of(spec: DraftSpec | None) -> str:
     """The arm a round's spec runs: "target", "lookup", or "<builder>@<budget>"."""
     if spec is None or spec.budget <= 0:
         return "target"
-    if spec.builder == "lookup":
-        return "lookup"
+    if spec.builder in FREE_BUILDERS:
+        return spec.builder  # at the budget its tracker prefers
     return f"{spec.builder}@{spec.budget}"
 
 
 def family_of(arm: str) -> str:
-    return arm if arm in ("target", "lookup") else "model"
+    """"model" for the drafter model's trees; every other arm (the target alone, each free drafter) is its own."""
+    return "model" if "@" in arm else arm
 
 
 @dataclass
@@ -78,6 +83,7 @@ class Tally:
     rounds: float = 0.0
     predicted: float = 0.0
     predicted_tokens: float = 0.0  # the tokens `predicted` covers
+    predicted_seconds: float = 0.0  # ... and the seconds they measured
 
     def add(self, tokens: int, seconds: float, spt_predicted: float | None) -> None:
         self.tokens += tokens
@@ -86,9 +92,15 @@ class Tally:
         if spt_predicted is not None:
             self.predicted += tokens * spt_predicted
             self.predicted_tokens += tokens
+            self.predicted_seconds += seconds
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured / predicted over the rounds that had a prediction."""
+        return self.predicted_seconds / self.predicted if self.predicted > 1e-12 else None
 
     def fade(self, factor: float) -> None:
-        for name in ("tokens", "seconds", "rounds", "predicted", "predicted_tokens"):
+        for name in ("tokens", "seconds", "rounds", "predicted", "predicted_tokens", "predicted_seconds"):
             setattr(self, name, getattr(self, name) * factor)
 
     @property
@@ -109,6 +121,16 @@ class Price:
     spt: float | None
     round_seconds: float | None = None
     floor: float | None = None
+    pass_seconds: float | None = None  # the target pass's share of round_seconds
+
+    def after_pass(self, measured_pass: float) -> float | None:
+        """The prediction for a round whose target pass took `measured_pass`: the pass time is the
+        curve's to learn (rescale.py); what the arm learns is the rest — drafting, acceptance,
+        overhead. Learning the pass time twice (the curve and the arm's ratio) double-counts it."""
+        if self.spt is None or self.round_seconds is None or self.pass_seconds is None:
+            return self.spt
+        tokens = self.round_seconds / self.spt
+        return max(self.round_seconds - self.pass_seconds + measured_pass, 1e-9) / tokens
 
 
 @dataclass
@@ -135,15 +157,19 @@ class ArmBook:
         if f is None or f.predicted_tokens <= 1e-9:
             return 1.0
         mean_p = f.predicted / f.predicted_tokens
-        measured = f.seconds * f.predicted_tokens / f.tokens  # the seconds of the predicted tokens
-        return (measured + PRIOR_TOKENS * mean_p) / (f.predicted + PRIOR_TOKENS * mean_p)
+        return (f.predicted_seconds + PRIOR_TOKENS * mean_p) / (f.predicted + PRIOR_TOKENS * mean_p)
 
     def spt(self, arm: str, predicted: float | None) -> float | None:
-        """Estimated seconds per token (None: neither measured nor predicted)."""
+        """Estimated seconds per token now (None: neither measured nor predicted): the prediction
+        now, times what the arm measured against its predictions then (the family's ratio as the
+        prior, worth PRIOR_TOKENS tokens). A ratio, not the seconds themselves: when the curves
+        move (a longer context, a busier CPU, a target that starts streaming) the prediction moves
+        with them and what was learned of the arm still holds."""
         t = self.arms.get(arm, Tally())
         if predicted is None:
             return t.spt
-        return (t.seconds + PRIOR_TOKENS * self.kappa(family_of(arm)) * predicted) / (t.tokens + PRIOR_TOKENS)
+        prior = PRIOR_TOKENS * predicted
+        return predicted * (t.predicted_seconds + self.kappa(family_of(arm)) * prior) / (t.predicted + prior)
 
     def optimism(self, arm: str, price: Price) -> float:
         """o_a: how much faster than its estimate the arm could be. 2x for a prediction nothing
@@ -188,8 +214,10 @@ class ArmBook:
 
     def observe(self, arm: str, tokens: int, seconds: float, spt_predicted: float | None, audit: bool,
                 spt_incumbent: float | None, switch: bool = False) -> None:
-        """One round of `arm`: tokens emitted in `seconds`. switch: it paid for a switch of arms (a
-        drafter catching up), which is booked to the audits and not to the arm. spt_incumbent: the
+        """One round of `arm`: tokens emitted in `seconds`. spt_predicted: what was predicted for it
+        (None: nothing, or a prediction not to learn from — its pass ran far off the curve it was
+        priced on, which the curve itself learns). switch: it paid for a switch of arms (a drafter
+        catching up), which is booked to the audits and not to the arm. spt_incumbent: the
         incumbent's estimate when the round ran (an audit's regret is measured against it)."""
         self.fade(DECAY**tokens)
         self.decode_seconds += seconds
@@ -219,6 +247,8 @@ class ArmBook:
         for key, target in (("arms", book.arms), ("families", book.families)):
             for name, values in d.get(key, {}).items():
                 tally = Tally(**{k: float(v) for k, v in values.items() if k in Tally.__dataclass_fields__})
+                if "predicted_seconds" not in values and tally.tokens > 0:  # a book saved before it was kept
+                    tally.predicted_seconds = tally.seconds * tally.predicted_tokens / tally.tokens
                 if all(math.isfinite(getattr(tally, k)) and getattr(tally, k) >= 0 for k in Tally.__dataclass_fields__):
                     tally.fade(weight)
                     target[name] = tally

@@ -31,6 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
 from ondevice.plan.cost_model import Plan, predict, priced_plans
@@ -46,9 +47,9 @@ REPLAN_CHANGE = 0.15  # re-price the target alone and lookup when the target's c
 MIN_REPRICE_ROUNDS = 4  # ... checked this often (one noisy pass moves a fresh bucket; the check costs ~0.3 ms)
 JUMP = 2.0  # re-price everything at once when it moved by this factor (the target started or stopped streaming),
 JUMP_PASSES = 2  # ... that many passes in a row (one pass can be another process's doing),
-JUMP_FADE = 0.1  # and count the arms' measurements this much from then on,
 SETTLE_ROUNDS = 3  # re-pricing after each of the next rounds while the curve learns the new regime
 REPRICE_ROUNDS = 256  # the drafter's trees are re-priced this often (~30 ms each time), and before every answer
+FREE_ARMS = ("lookup", "suffix", "recycle")  # drafters that cost no model time (draft/router.py)
 MODEL_ARMS = 3  # the drafter's best trees priced as arms, fastest predicted first, ...
 SPREAD = 1.5  # ... their budgets at least this far apart
 FRESH_PASSES = 16  # pass times this recent bound what the target alone could do (_target_floor)
@@ -84,7 +85,7 @@ class AutoPlanner:
         else:
             self.profile, self.reused = saved_profile(backends), True
         self.tracker = AcceptanceTracker.load(backends.pair)
-        self.lookup = LookupTracker.load(backends.pair)
+        self.free = {builder: LookupTracker.load(backends.pair, builder) for builder in FREE_ARMS}  # what each free drafter achieved
         memory = getattr(backends, "memory", None)  # a ProfileBackends; tests pass lighter stand-ins
         self.streams = memory is not None and memory.streams
         saved_overlap = getattr(self.profile, "overlap_possible", False)
@@ -153,9 +154,10 @@ class AutoPlanner:
         t1 = target_curve(1) + self.overhead_per_pass
         alone = Plan("target-only", 0, 0, 1.0, 1.0 / t1, 1.0 / t1, False)
         plans = {"target": alone}
-        lookup = lookup_plan(Curves(target_curve, target_curve), self.lookup, self.overhead_per_pass) if known else None
-        if lookup is not None:
-            plans["lookup"] = lookup
+        for builder, tracker in self.free.items() if known else ():
+            plan = lookup_plan(Curves(target_curve, target_curve), tracker, self.overhead_per_pass, builder=builder)
+            if plan is not None:
+                plans[builder] = plan
         if not trees:
             plans.update({arm: plan for arm, plan in self.plans.items() if family_of(arm) == "model"})
         else:
@@ -163,10 +165,17 @@ class AutoPlanner:
             if self.profile is not None and self.has_drafter:
                 plans.update(self._model_plans())
         self.plans = plans
-        self.prices = {arm: _price(plan) if known else Price(None) for arm, plan in plans.items()}
+        self.prices = {arm: _price(plan, self._pass_part(arm, plan, target_curve)) if known else Price(None) for arm, plan in plans.items()}
         if known:
             self.prices["target"] = replace(self.prices["target"], floor=self._target_floor())
         self._set_incumbent()
+
+    def _pass_part(self, arm: str, plan: Plan, curve: LatencyCurve) -> float:
+        """The target pass's share of a predicted round of `arm` (what PassTimes learns, not the arm)."""
+        if arm in self.free:
+            m = self.free[arm].match_rate(plan.budget)
+            return m * curve(plan.budget + 1) + (1 - m) * curve(1)
+        return curve(plan.budget + 1)
 
     def _target_floor(self) -> float | None:
         """The fastest a single-token pass could be: a pass of n tokens never costs less than one of
@@ -203,6 +212,8 @@ class AutoPlanner:
             if len(ranked) < MODEL_ARMS and all(max(plan.budget, r.budget) >= SPREAD * min(plan.budget, r.budget) for r in ranked):
                 ranked.append(plan)  # find that a smaller or larger tree measures faster than predicted
         plans = {arm_of(p.draft_spec()): p for p in ranked}
+        if ranked and ranked[0].builder == "best-first":  # free proposals grown into the same search: measured, not priced
+            plans[f"hybrid@{ranked[0].budget}"] = replace(ranked[0], builder="hybrid")
         for arm in self.book.arms:
             if family_of(arm) == "model" and arm not in plans:
                 builder, budget = arm.rsplit("@", 1)
@@ -218,7 +229,8 @@ class AutoPlanner:
 
     def _reason(self, arm: str) -> str:
         """Why the drafter model is not the incumbent, in numbers."""
-        what = "the target alone" if arm == "target" else f"prompt lookup @{self.plans[arm].budget}"
+        names = {"target": "the target alone", "lookup": "prompt lookup", "suffix": "suffix drafting", "recycle": "token recycling"}
+        what = names[arm] + ("" if arm == "target" else f" @{self.plans[arm].budget}")
         if self.profile is None:
             return f"no profile yet: {what} answers while the drafter's latency is measured (`ondevice profile` measures it now)"
         model = [(a, s) for a, s in self.book.ranked(self.prices) if family_of(a) == "model"]
@@ -246,8 +258,7 @@ class AutoPlanner:
         rescaled curve moved by JUMP (all arms), or by REPLAN_CHANGE after MIN_REPRICE_ROUNDS rounds
         (the target alone and lookup), and the trees every REPRICE_ROUNDS rounds."""
         if self._jumped:  # another regime (the target started or stopped streaming):
-            self.book.fade(JUMP_FADE)  # what the arms measured before says little now,
-            self.book.audit_regret = 0.0  # and what audits cost then is sunk: the new regime needs checking
+            self.book.audit_regret = 0.0  # what audits cost then is sunk: the new regime needs checking
             self._jumped, self._off, self._settling = False, 0, SETTLE_ROUNDS
             self._regime_start = self.pass_times.passes - JUMP_PASSES
             self.price()
@@ -291,15 +302,16 @@ class AutoPlanner:
             self._off = self._off + side if side and np.sign(self._off) in (0, side) else side  # consecutive passes off, same way
             self._jumped |= abs(self._off) >= JUMP_PASSES
         self.pass_times.observe(n, report.pass_seconds, report.context)
-        if arm == "lookup":
-            self.lookup.observe(report.tree, report.path)  # root-only trees too: rounds without a match
-        elif family_of(arm) == "model" and len(report.tree) > 1:
-            self.tracker.observe(report.tree, report.path)
+        if arm in self.free:
+            self.free[arm].observe(report.tree, report.path)  # root-only trees too: rounds without a match
+        elif report.spec is not None and report.spec.builder in ("chain", "best-first", "multi-seq") and len(report.tree) > 1:
+            self.tracker.observe(report.tree, report.path)  # the drafter's own ranks (hybrid trees hold free nodes too)
         switch = family_of(arm) == "model" and self._last_family not in (None, "model")  # the drafter caught up first
         incumbent = self.book.ranked(self.prices)
         spt_incumbent = incumbent[0][1] if incumbent else None
         price = self.prices.get(arm, Price(None))
-        self.book.observe(arm, len(report.path), report.round_seconds, price.spt, self.auditing and arm == self.playing, spt_incumbent, switch)
+        self.book.observe(arm, len(report.path), report.round_seconds, price.after_pass(report.pass_seconds),
+                          self.auditing and arm == self.playing, spt_incumbent, switch)
         self._last_family = family_of(arm)
         self._drafter_lag = 1 if family_of(arm) == "model" else self._drafter_lag + len(report.path)
         self.context = report.context + len(report.path)
@@ -309,7 +321,8 @@ class AutoPlanner:
 
     def finish(self, stats, tokens=None) -> None:
         """After an answer: learn the per-pass overhead and keep what was learned. `tokens` (prompt +
-        answer) of an answer mostly decoded without lookup teach lookup by replay (free)."""
+        answer) of an answer mostly decoded otherwise teach lookup and suffix drafting by replay (free;
+        token recycling needs the target's logits, so it learns from its own rounds only)."""
         if stats.target_passes:
             self.overhead_per_pass = max(stats.overhead_seconds, 0.0) / stats.target_passes
         prepared = getattr(stats, "prepared_trees", 0)  # engine Stats; tests pass lighter stand-ins
@@ -319,11 +332,12 @@ class AutoPlanner:
             predicted = self.plan.predicted_tokens_per_pass / self.plan.predicted_tokens_per_second  # seconds per round
             measured = stats.decode_seconds / stats.target_passes
             self.overlap_scale *= measured / predicted
-        lookup_share = self.answer_tokens_by_arm["lookup"] / max(1, self.answer_tokens)
-        if tokens is not None and lookup_share < 0.5:
-            replay(self.lookup, tokens, stats.prompt_tokens)
+        for builder, drafter in (("lookup", None), ("suffix", SuffixDrafter(0))):
+            if tokens is not None and self.answer_tokens_by_arm[builder] <= 0.5 * self.answer_tokens:
+                replay(self.free[builder], tokens, stats.prompt_tokens, drafter=drafter)
         self.tracker.save(self.backends.pair)
-        self.lookup.save(self.backends.pair)
+        for builder, tracker in self.free.items():
+            tracker.save(self.backends.pair, builder)
         save_book(self.book, self.backends.pair, self.regime)
 
     def predict(self, builder: str, budget: int) -> Plan | None:
@@ -332,6 +346,10 @@ class AutoPlanner:
             return None
         return predict(self.curves, self.tracker.p_rank, builder, budget, self.overlap_possible, overhead_per_pass=self.overhead_per_pass,
                        hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
+
+    @property
+    def lookup(self) -> LookupTracker:
+        return self.free["lookup"]
 
     # --- what it knows ----------------------------------------------------------------------------------
     def summary(self) -> dict:
@@ -392,6 +410,6 @@ class AutoPlanner:
         self.price()
 
 
-def _price(plan: Plan) -> Price:
+def _price(plan: Plan, pass_seconds: float) -> Price:
     tps = plan.predicted_tokens_per_second
-    return Price(1.0 / tps, plan.predicted_tokens_per_pass / tps) if tps > 0 else Price(None)
+    return Price(1.0 / tps, plan.predicted_tokens_per_pass / tps, pass_seconds=pass_seconds) if tps > 0 else Price(None)

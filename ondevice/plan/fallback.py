@@ -33,7 +33,7 @@ from ondevice.plan.curve import Curves
 from ondevice.plan.acceptance import acceptance_dir
 from ondevice.plan.cost_model import Plan
 from ondevice.paths import read_state, write_json
-from ondevice.protocols import DraftSpec
+from ondevice.protocols import Drafter, DraftSpec
 from ondevice.tree import DraftTree
 from ondevice.verify import child_index
 
@@ -104,12 +104,13 @@ class LookupTracker:
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.FIELDS}
 
-    def save(self, pair: str) -> Path:
-        return write_json(acceptance_dir() / f"{pair}-lookup.json", self.to_dict())
+    def save(self, pair: str, builder: str = "lookup") -> Path:
+        return write_json(acceptance_dir() / f"{pair}-{builder}.json", self.to_dict())
 
     @classmethod
-    def load(cls, pair: str) -> "LookupTracker":
-        """The saved tracker for this pair, or a fresh one with the prior."""
+    def load(cls, pair: str, builder: str = "lookup") -> "LookupTracker":
+        """The saved tracker for this pair and free builder (lookup, suffix, recycle: each learns the
+        same two numbers of its own rounds), or a fresh one with the prior."""
         def parse(d: dict) -> "LookupTracker":
             share, accept, weight, decay, *counts = (float(d[k]) for k in cls.FIELDS)
             if not (0 <= share <= 1 and 0 <= accept <= 1 and 0 < weight < math.inf and 0 < decay <= 1 and all(0 <= c < math.inf for c in counts)):
@@ -118,11 +119,13 @@ class LookupTracker:
             tracker.tokens, tracker.matched_tokens, tracker.at_risk, tracker.accepted = counts
             return tracker
 
-        return read_state(acceptance_dir() / f"{pair}-lookup.json", parse, "prompt-lookup record") or cls()
+        return read_state(acceptance_dir() / f"{pair}-{builder}.json", parse, f"{builder} record") or cls()
 
 
-def lookup_plan(curves: Curves, tracker: LookupTracker, overhead_per_pass: float = 0.0, max_budget: int = MAX_LOOKUP_BUDGET) -> Plan | None:
-    """The fastest predicted lookup budget (None: the target curve is too short for any tree)."""
+def lookup_plan(curves: Curves, tracker: LookupTracker, overhead_per_pass: float = 0.0, max_budget: int = MAX_LOOKUP_BUDGET,
+                builder: str = "lookup") -> Plan | None:
+    """The fastest predicted budget of a free drafter (lookup, suffix, recycle) whose rounds the
+    tracker learned (None: the target curve is too short for any tree)."""
     t1 = curves.target(1)
     best = None
     for k in range(1, min(max_budget, curves.target.max_n - 1) + 1):
@@ -130,7 +133,7 @@ def lookup_plan(curves: Curves, tracker: LookupTracker, overhead_per_pass: float
         seconds = m * curves.target(k + 1) + (1 - m) * t1 + overhead_per_pass
         tps = tracker.tokens_per_pass(k) / seconds
         if best is None or tps > best.predicted_tokens_per_second:
-            best = Plan("lookup", k, k, tracker.tokens_per_pass(k), tps, 1.0 / (t1 + overhead_per_pass), False)
+            best = Plan(builder, k, k, tracker.tokens_per_pass(k), tps, 1.0 / (t1 + overhead_per_pass), False)
     return best
 
 
@@ -159,13 +162,13 @@ def follow(tree: DraftTree, continuation: Sequence[int]) -> list[int]:
 
 
 def replay(tracker: LookupTracker, tokens: Sequence[int], start: int, budget: int = REPLAY_BUDGET,
-           drafter: PromptLookupDrafter | None = None) -> None:
+           drafter: Drafter | None = None) -> None:
     """Learn from an answer decoded without lookup: tokens = prompt + answer, the answer from `start`.
     Rounds go where lookup's would have (a round emits its accepted drafts + one target token);
     rounds whose `budget` next tokens are not all known are left out (they would look rejected)."""
     drafter = drafter or PromptLookupDrafter(n_vocab=0)  # q is never needed: trees are only walked
     ids = np.asarray(tokens, dtype=np.int64)
-    spec = DraftSpec("lookup", budget)
+    spec = DraftSpec("lookup", budget)  # free drafters ignore the builder name
     t = start
     while t + budget < len(ids):
         tree = drafter.draft(ids[:t], spec)
