@@ -146,7 +146,7 @@ def test_plan_follows_a_target_that_starts_and_stops_streaming(planner):
     assert plans[-1].builder == "best-first" and plans[-1].budget >= 8
     assert not plans[-1].overlap  # one CPU for both: drafting during the pass would only slow it
     planner.streams = False  # back in RAM (the memory plan says so: the target fits again)
-    plans = run_passes(planner, 8, lambda n: true_pass(n))
+    plans = run_passes(planner, 16, lambda n: true_pass(n))
     back = next(i for i, p in enumerate(plans) if p.budget <= 4)
     assert back <= 2, plans  # small trees within two passes
     assert plans[-1].budget <= 1 and plans[-1].builder != "best-first" and not plans[-1].overlap, plans  # then the target alone or a free one-token draft

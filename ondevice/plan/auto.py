@@ -154,10 +154,11 @@ class AutoPlanner:
         t1 = target_curve(1) + self.overhead_per_pass
         alone = Plan("target-only", 0, 0, 1.0, 1.0 / t1, 1.0 / t1, False)
         plans = {"target": alone}
-        for builder, tracker in self.free.items() if known else ():
-            plan = lookup_plan(Curves(target_curve, target_curve), tracker, self.overhead_per_pass, builder=builder)
-            if plan is not None:
-                plans[builder] = plan
+        free = [lookup_plan(Curves(target_curve, target_curve), tracker, self.overhead_per_pass, builder=builder)
+                for builder, tracker in self.free.items()] if known else []
+        free = [(self.book.spt(plan.builder, 1.0 / plan.predicted_tokens_per_second), plan) for plan in free if plan is not None]
+        if free:  # the best free drafter only: on prose all of them tie with the target alone, and auditing each cost 2-4%
+            plans[min(free, key=lambda x: x[0])[1].builder] = min(free, key=lambda x: x[0])[1]
         if not trees:
             plans.update({arm: plan for arm, plan in self.plans.items() if family_of(arm) == "model"})
         else:
