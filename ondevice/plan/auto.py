@@ -259,7 +259,8 @@ class AutoPlanner:
         rescaled curve moved by JUMP (all arms), or by REPLAN_CHANGE after MIN_REPRICE_ROUNDS rounds
         (the target alone and lookup), and the trees every REPRICE_ROUNDS rounds."""
         if self._jumped:  # another regime (the target started or stopped streaming):
-            self.book.audit_regret = 0.0  # what audits cost then is sunk: the new regime needs checking
+            self.book.fade(0.0)  # what the arms measured was another regime's (the passes that showed the jump too)
+            self.book.audit_regret = 0.0  # and what audits cost then is sunk: the new regime needs checking
             self._jumped, self._off, self._settling = False, 0, SETTLE_ROUNDS
             self._regime_start = self.pass_times.passes - JUMP_PASSES
             self.price()
@@ -308,8 +309,7 @@ class AutoPlanner:
         elif report.spec is not None and report.spec.builder in ("chain", "best-first", "multi-seq") and len(report.tree) > 1:
             self.tracker.observe(report.tree, report.path)  # the drafter's own ranks (hybrid trees hold free nodes too)
         switch = family_of(arm) == "model" and self._last_family not in (None, "model")  # the drafter caught up first
-        incumbent = self.book.ranked(self.prices)
-        spt_incumbent = incumbent[0][1] if incumbent else None
+        spt_incumbent = self.book.incumbent_spt
         price = self.prices.get(arm, Price(None))
         self.book.observe(arm, len(report.path), report.round_seconds, price.after_pass(report.pass_seconds),
                           self.auditing and arm == self.playing, spt_incumbent, switch)
