@@ -18,8 +18,7 @@ the target pass each round actually took — `Price.after_pass`: pass times are 
 learn), so one tree found slower than predicted makes every unmeasured tree look slower too. An
 arm nobody can price (no profile yet) is known only once measured. Measured seconds are what the
 arm costs now: all sums fade by DECAY per emitted token (acceptance follows the text, the
-machine's load changes), everything is forgotten when the target's passes jump to another regime
-(auto.py), and a saved book is loaded at half weight. (Measuring arms as ratios to their
+machine's load changes), and a saved book is loaded at half weight. (Measuring arms as ratios to their
 predictions instead double-counts whatever the predictions learn from the same rounds — the
 pass times, the free drafters' acceptance: on held-out prose suffix drafting was estimated at
 27.7 tok/s and measured 23.8.)

@@ -259,8 +259,9 @@ class AutoPlanner:
         rescaled curve moved by JUMP (all arms), or by REPLAN_CHANGE after MIN_REPRICE_ROUNDS rounds
         (the target alone and lookup), and the trees every REPRICE_ROUNDS rounds."""
         if self._jumped:  # another regime (the target started or stopped streaming):
-            self.book.fade(0.0)  # what the arms measured was another regime's (the passes that showed the jump too)
-            self.book.audit_regret = 0.0  # and what audits cost then is sunk: the new regime needs checking
+            self.book.audit_regret = 0.0  # what audits cost then is sunk: the new regime needs checking
+            # (what the arms measured is kept: a profile that was wrong from the start shows as jumps at
+            # every pass size it got wrong, and forgetting the measurements each time undid the loop)
             self._jumped, self._off, self._settling = False, 0, SETTLE_ROUNDS
             self._regime_start = self.pass_times.passes - JUMP_PASSES
             self.price()
@@ -275,6 +276,9 @@ class AutoPlanner:
             if not same_sizes or np.max(np.abs(np.log(now / self._priced_curve))) > np.log1p(REPLAN_CHANGE):
                 self.price(trees=False)
             self._rounds_since_price = 0
+        target = self.prices.get("target")
+        if target is not None and target.spt:  # cheap, and what it bounds changes with every pass seen
+            self.prices["target"] = replace(target, floor=self._target_floor())
         return self._next_spec()
 
     def _next_spec(self) -> DraftSpec | None:
@@ -285,8 +289,8 @@ class AutoPlanner:
     def _switch_cost(self, arm: str) -> float:
         """Seconds to start drafting with the model mid-answer: its cache catches up on the tokens
         it did not see (`_drafter_lag`: since it last drafted; the whole prompt if not in this answer)."""
-        if family_of(arm) != "model" or self._last_family in (None, "model") or self.profile is None:
-            return 0.0
+        if family_of(arm) != "model" or self._last_family == "model" or self.profile is None:
+            return 0.0  # (at an answer's start the drafter catches up on the whole prompt: `_drafter_lag`)
         return self.profile.curves.drafter(self._drafter_lag)  # beyond the curve: its last slope
 
     @property
