@@ -26,7 +26,7 @@ from ondevice.loading import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
-from ondevice.plan.memory import MemoryPlan, ModelSize, tensor_bytes
+from ondevice.plan.memory import MemoryPlan, ModelSize
 from ondevice.plan.hardware import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import measure_drafter_curve, measure_target_curve
@@ -77,11 +77,7 @@ def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> 
 
 def model_size(model: SyntheticModel) -> ModelSize:
     """What the memory plan needs of a synthetic model, from its tensor list (as `from_gguf` reads a file)."""
-    s = model.shape
-    return ModelSize(
-        file_bytes(list(model.tensors)), s.n_layers, s.dim, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab,
-        **tensor_bytes({t.name: t.nbytes for t in model.tensors}),
-    )
+    return ModelSize.from_tensors(model.shape, model.tensors)
 
 
 def memory_plan(model: SyntheticModel, opts: LoadOptions, drafter: SyntheticModel | None = None) -> MemoryPlan | None:
