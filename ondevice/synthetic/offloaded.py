@@ -140,9 +140,18 @@ def resident_tensors(shape: ModelShape, args: ModelArgs, tensors: list[TensorSpe
     spec = {t.name: (k, t) for k, t in enumerate(tensors)}
 
     def decoded(name: str, as_dtype) -> torch.Tensor:
+        """Decoded a run of rows at a time (the writer's chunks): a 128k-row head decoded whole
+        would need several GB of fp32 scratch on the device."""
         k, t = spec[name]
-        raw = np.concatenate([np.asarray(c).reshape(-1).view(np.uint8) for c in tensor_chunks(shape, t, seed, k)])
-        return gguf_blocks.dequantize(torch.from_numpy(raw).to(device), int(t.qtype), t.shape).to(as_dtype)
+        out = torch.empty(t.shape, dtype=as_dtype, device=device)
+        row = 0
+        for chunk in tensor_chunks(shape, t, seed, k):
+            raw = torch.from_numpy(np.asarray(chunk).reshape(-1).view(np.uint8)).to(device)
+            rows = raw.numel() * t.shape[0] // t.nbytes if len(t.shape) == 2 else t.shape[0]
+            part = gguf_blocks.dequantize(raw, int(t.qtype), (rows, *t.shape[1:]) if len(t.shape) == 2 else t.shape)
+            out[row : row + rows] = part
+            row += rows
+        return out
 
     out = {"tok_embeddings.weight": decoded("token_embd.weight", dtype), "norm.weight": decoded("output_norm.weight", dtype)}
     if not args.tie_embeddings:
