@@ -115,11 +115,13 @@ class LayerBytes:
         self.shape, self.layouts, self.seed, self.exact = shape, layouts, seed, exact
         self.position = {t.name: k for k, t in enumerate(tensors)}  # the writer seeds each tensor by its place in the file
         self.spec = {t.name: t for t in tensors}
-        self.generated: dict[object, np.ndarray] = {}
+        self.generated: dict[tuple, np.ndarray] = {}  # layout → its bytes
 
     def host_bytes(self, i: int) -> np.ndarray:
         layout = self.layouts[i]
-        key = i if self.exact else tuple((t.name, t.offset, t.nbytes, t.qtype) for t in layout.tensors)
+        if self.exact:  # each layer's own bytes, made when asked for and not kept (the caller copies them)
+            return self._generate(i, layout)
+        key = tuple((t.name, t.offset, t.nbytes, t.qtype) for t in layout.tensors)
         if key not in self.generated:
             self.generated[key] = self._generate(i, layout)
         return self.generated[key]
