@@ -141,13 +141,13 @@ def _has_gpu() -> bool:
 
 
 def model_size(model: ModelFile) -> ModelSize | None:
-    """What the memory plan needs of a model: its GGUF header if downloaded, else its shape preset."""
+    """What the memory plan needs of a model: its GGUF header if downloaded, else its shape preset
+    (every tensor's bytes in the quant mix, as the header will say) and the catalog's file size."""
     if hub.is_downloaded(model):
         return ModelSize.from_gguf(hub.local_path(model))
-    size = model.size or model.approx_size
-    if model.shape is None or size is None:
+    if model.shape is None:
         return None
-    return ModelSize.from_shape(find_shape(model.shape), size)
+    return ModelSize.from_shape(find_shape(model.shape), model.size or model.approx_size)
 
 
 def files_to_remove(pair: ModelPair) -> tuple[list[Path], list[tuple[Path, list[str]]]]:

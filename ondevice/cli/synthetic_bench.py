@@ -3,7 +3,8 @@
 For each synthetic model NAME stands for (a preset shape, a catalog pair's target and drafter, or
 a twin of a GGUF file): write it, time its passes on this machine with the backend and placement
 a real model of that shape would get, print the curve, the bytes a pass reads and the bandwidth
-that achieves against the machine's own, and cache the curve for `ondevice models --predict`.
+that achieves against the machine's own, and cache the curve for `ondevice models --predict` (unless
+the machine was busy while it was measured: then it says so and caches nothing).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ondevice.errors import OndeviceError
 from ondevice.loading import LoadOptions
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.cache import SyntheticMeasurement
-from ondevice.synthetic.measure import compare_with_real, measure
+from ondevice.synthetic.measure import busy_line, compare_with_real, measure
 from ondevice.synthetic.sources import SyntheticModel, resolve
 
 
@@ -29,7 +30,9 @@ def run_synthetic(name: str, sizes: list[int] | None, keep: bool, compare_real: 
     drafter = next((m for m in models if m.role == "drafter"), None)
     for model in models:
         m = measure(model, load, sizes if model.role == "target" else None, keep=keep, show=not as_json, drafter=drafter)
-        record = m.to_dict()
+        record = {**m.to_dict(), "cached": m.busy_cores is None}
+        if m.busy_cores is not None:
+            err.print(busy_line(m), markup=False, highlight=False)
         if compare_real and model.role == "target":
             record["compare_real"] = _compare(model, load, m.curve.ns, as_json)
         records.append(record)

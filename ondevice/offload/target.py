@@ -78,7 +78,7 @@ def load_offloaded_target(
     # each tensor goes to the device as soon as it is dequantized: host memory holds one at a time
     tensors = weights.iter_gguf_weights(plan.reader, plan.args, dtype, head_dtype, keep)
     loaded = {name: w.to(device) for name, w in tensors}
-    _assign(model, loaded, placement)
+    assign_resident(model, loaded, placement)
     model.inv_freq = rope_inv_freq(plan.args).to(device)
     try:
         streamer = offload_blocks(model.layers, placement, device, plan.layouts, model_path=str(plan.path), check=False)
@@ -97,31 +97,42 @@ def plan_offload(
     path = Path(path).expanduser()
     reader = weights.open_gguf(path)
     args, _ = weights.untie_for_head_dtype(weights.gguf_model_args(reader), dtype, head_dtype)
+    try:
+        model, layouts = meta_layouts(args, dtype, head_dtype, gguf_tensor_index(reader))
+    except ValueError as err:  # a tensor missing or of the wrong shape
+        raise OndeviceError(f"{path} does not match a {args.arch} model ({err}): download it again.") from err
+    resident, placement = place_layers(model, layouts, device, dtype, n_ctx, gpu_memory, ram_memory, max_tree)
+    return OffloadPlan(path, reader, args, model, layouts, resident, placement)
+
+
+def meta_layouts(args: ModelArgs, dtype, head_dtype, index) -> tuple[Transformer, dict[int, LayerLayout]]:
+    """The model on the meta device (shapes and dtypes only) and each layer's layout as its GGUF
+    tensors (`index`: name → where and how each is stored); ValueError if a tensor is missing."""
     with torch.device("meta"):
         model = Transformer(args).to(dtype)
     if model.output is not None:
         model.output.to(head_dtype)
-    index = gguf_tensor_index(reader)
     unpermute = _llama_unpermute(args)
-    try:
-        layouts = {i: layout_from_gguf(block, LAYER_NAMES(i), index, unpermute) for i, block in enumerate(model.layers)}
-    except ValueError as err:  # a tensor missing or of the wrong shape
-        raise OndeviceError(f"{path} does not match a {args.arch} model ({err}): download it again.") from err
-    resident = _resident_bytes(model, args, dtype, n_ctx, max_tree)
+    return model, {i: layout_from_gguf(block, LAYER_NAMES(i), index, unpermute) for i, block in enumerate(model.layers)}
+
+
+def place_layers(
+    model: Transformer, layouts: dict[int, LayerLayout], device, dtype, n_ctx: int, gpu_memory, ram_memory, max_tree: int
+) -> tuple[int, Placement]:
+    """(resident bytes, placement) of the layers within the budgets (see `load_offloaded_target`)."""
+    resident = _resident_bytes(model, model.args, dtype, n_ctx, max_tree)
     if torch.device(device).type == "cpu" and gpu_memory is None and ram_memory is not None:
         total = parse_size(ram_memory)
         gpu_memory, ram_memory = cpu_budgets(layouts, total)
         try:
-            placement = plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
+            return resident, plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
         except OndeviceError:  # say it in the user's terms: the whole budget, the whole need
             need = resident + 2 * max(layout.nbytes for layout in layouts.values()) + max(layout.decoded_bytes for layout in layouts.values())
             raise OndeviceError(
                 f"--ram-memory {format_bytes(total)} is below the {format_bytes(need + total - gpu_memory)} this target needs in RAM "
                 "even with every layer streamed from disk (embeddings, LM head, KV cache, buffers); raise it or use a shorter --ctx."
             ) from None
-        return OffloadPlan(path, reader, args, model, layouts, resident, placement)
-    placement = plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
-    return OffloadPlan(path, reader, args, model, layouts, resident, placement)
+    return resident, plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
 
 
 def cpu_budgets(layouts, ram: int, disk_buffers: int = 2) -> tuple[int, int]:
@@ -154,7 +165,7 @@ def _resident_bytes(model: Transformer, args: ModelArgs, dtype, n_ctx: int, max_
     return weights_bytes + kv_cache + attention + mlp + stream + logits
 
 
-def _assign(model: Transformer, loaded: dict[str, torch.Tensor], placement: Placement) -> None:
+def assign_resident(model: Transformer, loaded: dict[str, torch.Tensor], placement: Placement) -> None:
     """Put the dequantized tensors in the meta model; streamed layers keep their meta parameters."""
     streamed = {f"layers.{i}." for i in placement.streamed}
     expected = {name for name in model.state_dict() if not name.startswith(tuple(streamed))}

@@ -85,7 +85,8 @@ class ModelSize:
     n_head_kv: int
     head_dim: int
     n_vocab: int
-    layer_bytes: tuple[int, ...] = ()  # each decoder block's bytes in the file (empty: unknown)
+    layer_bytes: tuple[int, ...] = ()  # each decoder block's bytes in the file (empty: unknown; then a
+    #                                    streamed pass is planned to read the whole file)
     head_bytes: int = 0  # the LM head's (output.weight, or token_embd when tied): read by every pass
     embd_bytes: int = 0  # a separate input embedding table: read a row per token, not per pass
 
@@ -107,9 +108,26 @@ class ModelSize:
         )
 
     @classmethod
-    def from_shape(cls, shape, file_bytes: int) -> "ModelSize":
-        """From an `ondevice.synthetic.shapes.ModelShape` and the file size its quant mix gives."""
-        return cls(file_bytes, shape.n_layers, shape.dim, shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.vocab)
+    def from_shape(cls, shape, file_bytes: int | None = None) -> "ModelSize":
+        """From an `ondevice.synthetic.shapes.ModelShape` (a model not downloaded): every tensor's bytes
+        in the shape's quant mix, the types llama.cpp's quantizer gives each (`synthetic.quant_mix`),
+        so the plan sees the layers, LM head and embeddings its file will hold. file_bytes: the file's
+        size when known (the catalog's, header included), else the tensor data alone."""
+        from ondevice.synthetic.quant_mix import preset_tensors
+
+        return cls.from_tensors(shape, preset_tensors(shape), file_bytes)
+
+    @classmethod
+    def from_tensors(cls, shape, tensors, file_bytes: int | None = None) -> "ModelSize":
+        """From a shape and its tensor list (`synthetic.quant_mix.TensorSpec`s: name, shape, type), as
+        `from_gguf` reads a header; file_bytes default: the tensor data, padded as a GGUF pads it."""
+        from ondevice.synthetic.quant_mix import file_bytes as data_bytes
+
+        tensors = list(tensors)
+        return cls(
+            data_bytes(tensors) if file_bytes is None else file_bytes, shape.n_layers, shape.dim, shape.n_heads,
+            shape.n_kv_heads, shape.head_dim, shape.vocab, **tensor_bytes({t.name: t.nbytes for t in tensors}),
+        )
 
     @property
     def working_bytes(self) -> int:

@@ -42,6 +42,7 @@ class SyntheticMeasurement:
     file_bytes: int
     seed: int
     note: str = ""  # e.g. why the curve stops where it does
+    busy_cores: float | None = None  # others' cores while it was measured, when the machine was busy (then not cached)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
     @property

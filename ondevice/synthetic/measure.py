@@ -26,10 +26,10 @@ from ondevice.loading import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
-from ondevice.plan.memory import MemoryPlan, ModelSize, tensor_bytes
+from ondevice.plan.memory import MemoryPlan, ModelSize
 from ondevice.plan.hardware import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
-from ondevice.plan.latency import measure_drafter_curve, measure_target_curve
+from ondevice.plan.latency import measure_drafter_timing, measure_target_curve, measure_target_timing
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
 from ondevice.synthetic.quant_mix import file_bytes
 from ondevice.synthetic.sources import SyntheticModel
@@ -77,11 +77,7 @@ def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> 
 
 def model_size(model: SyntheticModel) -> ModelSize:
     """What the memory plan needs of a synthetic model, from its tensor list (as `from_gguf` reads a file)."""
-    s = model.shape
-    return ModelSize(
-        file_bytes(list(model.tensors)), s.n_layers, s.dim, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab,
-        **tensor_bytes({t.name: t.nbytes for t in model.tensors}),
-    )
+    return ModelSize.from_tensors(model.shape, model.tensors)
 
 
 def memory_plan(model: SyntheticModel, opts: LoadOptions, drafter: SyntheticModel | None = None) -> MemoryPlan | None:
@@ -96,7 +92,11 @@ def measure(
     drafter: SyntheticModel | None = None,
 ) -> SyntheticMeasurement:
     """Write (or reuse) the synthetic GGUF, measure its curve on this machine, cache and return it.
-    `drafter`: the pair's drafter, whose memory the plan of a llama.cpp target leaves room for."""
+    `drafter`: the pair's drafter, whose memory the plan of a llama.cpp target leaves room for.
+    Timed as the planner times its profile (plan/timing.py: samples judged by what other processes
+    used meanwhile, disturbed sizes sampled again): if some size never got a quiet sample, the
+    machine was busy, and the measurement is returned with `busy_cores` set but not cached (a 7B
+    twin measured beside another job recorded passes 5-10x slower, and forecasts showed that since)."""
     facts = machine_facts(home())
     memory = memory_plan(model, opts, drafter)
     check_fits(model, opts, memory)  # before gigabytes are written
@@ -110,20 +110,29 @@ def measure(
             sizes, note = tuple(sorted(set(ns))), ""
         try:
             if model.role == "drafter":
-                curve = measure_drafter_curve(runner.probe_batch, sizes, show=show)
+                timing = measure_drafter_timing(runner.probe_batch, sizes, show=show)
                 placement, traffic = "on CPU (llama.cpp drafter)", _resident_traffic(model, bandwidths, "RAM")
             else:
-                curve = measure_target_curve(runner, sizes, show=show)
+                timing, _ = measure_target_timing(runner, sizes, show=show, prune=False)
                 placement, traffic = where_it_ran(runner, model, bandwidths, memory)
         finally:
             runner.close()
             del runner
             gc.collect()
     result = SyntheticMeasurement(
-        model.shape.name, model.role, backend, budgets_label(opts), placement, curve, traffic, file_bytes(list(model.tensors)), seed, note
+        model.shape.name, model.role, backend, budgets_label(opts), placement, timing.curve, traffic, file_bytes(list(model.tensors)),
+        seed, note, busy_cores=round(timing.others_cores, 2) if timing.busy else None,
     )
-    save_measurement(facts.fingerprint(), result)
+    if result.busy_cores is None:  # a curve another process slowed would stand for this shape until re-measured
+        save_measurement(facts.fingerprint(), result)
     return result
+
+
+def busy_line(m: SyntheticMeasurement) -> str | None:
+    """The line that says a measurement was not cached (None: it was)."""
+    if m.busy_cores is None:
+        return None
+    return f"the machine was busy (others used ~{m.busy_cores:.1f} cores): not cached; run again when it is quiet"
 
 
 def check_fits(model: SyntheticModel, opts: LoadOptions, memory: MemoryPlan | None) -> None:
