@@ -56,22 +56,29 @@ def test_the_meter_sees_another_process():
 
 
 def test_a_busy_stretch_is_detected_and_measured_again():
-    """Both cores are taken for the first ~1.2 s of the measurement: the first sweep is slow and
-    disturbed, later sweeps are quiet; the curve matches one measured on a quiet machine."""
-    quiet = time_sizes(SIZES, busy_work, pause=0.0)
-    procs = hogs(3, 1.2)
+    """Both cores are taken by 7 spinning processes for the first ~1.2 s of the measurement (this
+    process gets ~1/4 of a core: calls ~4x slower): the first sweeps are disturbed, later ones quiet;
+    the curve matches one measured on a quiet machine.
+
+    The bounds are wide because a shared VM's own speed drifts by up to ~1.6x within seconds with no
+    process or steal time to show for it (measured on an AVX-512 EPYC); the reference is the faster
+    of a quiet measurement before and one after. A busy stretch in the curve would make it ~4x slower."""
+    before = time_sizes(SIZES, busy_work, pause=0.0)
+    procs = hogs(7, 1.2)
     time.sleep(0.1)
     try:
         disturbed = time_sizes(SIZES, busy_work, pause=0.3)
     finally:
         for p in procs:
             p.wait()
+    after = time_sizes(SIZES, busy_work, pause=0.0)
     samples = [s for ss in disturbed.samples.values() for s in ss]
     assert any(not s.quiet for s in samples), "the busy stretch was not seen"
     assert disturbed.sweeps > 2  # sizes without two quiet samples were sampled again
     assert not disturbed.busy
     for n in SIZES:
-        assert disturbed.curve(n) == pytest.approx(quiet.curve(n), rel=0.35), (n, disturbed.curve(n), quiet.curve(n))
+        reference = min(before.curve(n), after.curve(n))
+        assert 0.4 * reference < disturbed.curve(n) < 2.2 * reference, (n, disturbed.curve(n), reference)
 
 
 def test_a_machine_that_stays_busy_says_so():

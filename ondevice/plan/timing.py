@@ -47,7 +47,7 @@ SWEEPS = 2  # sweeps planned; more only for sizes that lack quiet samples
 MAX_SWEEPS = 6
 PAUSE_SECONDS = 0.5  # between sweeps that found the machine busy
 SHAPE_SLACK = 1.10  # t(n) may exceed t(n') for n < n' by this much (noise) before n is sampled again
-MAX_CALLS_PER_SAMPLE = 16
+MAX_CALLS_PER_SAMPLE = 64
 
 
 class CpuMeter:
@@ -180,6 +180,7 @@ def timing_steps(
             time.sleep(pause)  # the machine was busy: give it a moment
         for n in _sweep_order(wanted, timing.sweeps):
             timing.samples[n].append(_sample(call, n, _calls_for(per_call[n]), meter))
+            per_call[n] = min(per_call[n], timing.samples[n][-1].seconds)  # a slow first call sized samples too short
             yield n
         timing.sweeps += 1
     return timing
