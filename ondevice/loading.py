@@ -206,7 +206,7 @@ def trim_if_streaming(models: Models, opts: LoadOptions, status=None) -> None:
         return
     memory = memory_plan(models, opts, "llama", "llama")
     if memory is not None and memory.streams:
-        from ondevice.quant.shipped_trim import trim_for_streaming
+        from ondevice.vocabtrim.shipped import trim_for_streaming
 
         trim_for_streaming(models.name, models.drafter, models.drafter_sha256, status)
 
@@ -244,7 +244,7 @@ def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend
     and ONNX targets, which plan their own memory."""
     if backend != "llama":
         return None
-    from ondevice.draft.trimmed_input import TrimmedHead
+    from ondevice.vocabtrim.head import TrimmedHead
 
     drafter = None
     if models.drafter is not None:  # an ONNX drafter is counted as its GGUF (its 4-bit export is smaller)
