@@ -15,10 +15,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ondevice.errors import OndeviceError
+from ondevice.kvcache import kept_prefix
 from ondevice.overlap import Guess, Overlap
 from ondevice.plan.ram import disk_read_bytes
 from ondevice.protocols import Drafter, DraftSpec, Target, config_label
-from ondevice.tree import DraftTree, common_prefix
+from ondevice.tree import DraftTree
 from ondevice.verify import Sampling, verify
 
 
@@ -127,7 +128,7 @@ class SpecEngine:
             raise OndeviceError(
                 f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; shorten it or raise --ctx."
             )
-        keep = min(common_prefix(self.cached, prompt), len(prompt) - 1)
+        keep = kept_prefix(self.cached, prompt)
         self.target.truncate(keep)
         t0 = time.perf_counter()
         self.target.prefill(prompt[keep:-1])
