@@ -9,7 +9,8 @@ drafter drafts the likely next tree while the target verifies (`ondevice.overlap
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -87,6 +88,18 @@ class Stats:
     @property
     def overhead_seconds(self) -> float:
         return self.decode_seconds - self.draft_seconds - self.verify_seconds + self.concurrent_seconds
+
+    def add(self, other: Stats) -> None:
+        """Add another answer's counts, times and per-pass lists to these (a bench row sums its
+        prompts'); the finish reason and spec become the other's, the last answer's."""
+        for f in fields(Stats):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name in ("finish_reason", "spec") or mine is None:
+                setattr(self, f.name, theirs)
+            elif isinstance(mine, dict):
+                setattr(self, f.name, dict(Counter(mine) + Counter(theirs)))
+            elif theirs is not None:
+                setattr(self, f.name, mine + theirs)
 
 
 def within_window(spec: DraftSpec | None, room: int) -> DraftSpec | None:
