@@ -9,16 +9,18 @@ drafter drafts the likely next tree while the target verifies (`ondevice.overlap
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ondevice.errors import OndeviceError
+from ondevice.kvcache import kept_prefix
 from ondevice.overlap import Guess, Overlap
 from ondevice.plan.ram import disk_read_bytes
 from ondevice.protocols import Drafter, DraftSpec, Target, config_label
-from ondevice.tree import DraftTree, common_prefix
+from ondevice.tree import DraftTree
 from ondevice.verify import Sampling, verify
 
 
@@ -87,6 +89,18 @@ class Stats:
     def overhead_seconds(self) -> float:
         return self.decode_seconds - self.draft_seconds - self.verify_seconds + self.concurrent_seconds
 
+    def add(self, other: Stats) -> None:
+        """Add another answer's counts, times and per-pass lists to these (a bench row sums its
+        prompts'); the finish reason and spec become the other's, the last answer's."""
+        for f in fields(Stats):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name in ("finish_reason", "spec") or mine is None:
+                setattr(self, f.name, theirs)
+            elif isinstance(mine, dict):
+                setattr(self, f.name, dict(Counter(mine) + Counter(theirs)))
+            elif theirs is not None:
+                setattr(self, f.name, mine + theirs)
+
 
 def within_window(spec: DraftSpec | None, room: int) -> DraftSpec | None:
     """`spec` with a budget that never drafts past the context window (room tokens left)."""
@@ -127,7 +141,7 @@ class SpecEngine:
             raise OndeviceError(
                 f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; shorten it or raise --ctx."
             )
-        keep = min(common_prefix(self.cached, prompt), len(prompt) - 1)
+        keep = kept_prefix(self.cached, prompt)
         self.target.truncate(keep)
         t0 = time.perf_counter()
         self.target.prefill(prompt[keep:-1])

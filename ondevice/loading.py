@@ -163,9 +163,9 @@ def streaming_profile(models: Models, planned: tuple[str, str], threads: int, op
     """The saved profile of a pair whose target streams from disk, measured first in a child process
     when none is saved (None if that failed: the caller measures here). Measured in this process, a
     profile leaves memory the plan does not count — llama.cpp's buffers grown for the largest batches
-    it probes (+75 MB for the default pair), ONNX Runtime's when another drafter is compared
-    (+146 MB) — and the kernel then evicts the layers the plan keeps cached: 0.63-0.67 GB read per
-    pass against 0.36 planned (AVX-512 EPYC, 1.3 GB cgroup). A child's memory goes when it exits."""
+    it probes, ONNX Runtime's when another drafter is compared — and the kernel then evicts the
+    layers the plan keeps cached (README, "Larger than memory", item 5). A child's memory goes when
+    it exits."""
     from ondevice.paths import home
     from ondevice.plan.hardware import machine_facts
     from ondevice.plan.profile import load_profile
@@ -206,7 +206,7 @@ def trim_if_streaming(models: Models, opts: LoadOptions, status=None) -> None:
         return
     memory = memory_plan(models, opts, "llama", "llama")
     if memory is not None and memory.streams:
-        from ondevice.quant.shipped_trim import trim_for_streaming
+        from ondevice.vocabtrim.shipped import trim_for_streaming
 
         trim_for_streaming(models.name, models.drafter, models.drafter_sha256, status)
 
@@ -214,11 +214,9 @@ def trim_if_streaming(models: Models, opts: LoadOptions, status=None) -> None:
 def leanest_drafters(models: Models, opts: LoadOptions, target: str) -> tuple[str, ...]:
     """For a target that streams from disk: the drafter backends whose memory plan reads the fewest
     bytes per pass. A streamed pass costs about the bytes it reads, and every byte a drafter holds
-    in RAM is one more the target reads again each pass, which no faster drafting wins back (AVX-512
-    EPYC, 1.3 GB, chat: the ONNX drafter, 491 MB as counted, 572 MB resident, drafted best-first @15
-    in 160 ms against llama.cpp's 264 ms, but left the target 620 MB to read per pass against 361
-    with the 300 MB trimmed llama.cpp drafter: README, "Larger than memory"). Drafters that leave
-    the same are compared by their measured speed."""
+    in RAM is one more the target reads again each pass, which no faster drafting wins back (README,
+    "Larger than memory", item 4: a faster but larger drafter). Drafters that leave the same are
+    compared by their measured speed."""
     reads = {d: memory_plan(models, opts, target, d).bytes_read_per_pass for d in CPU_BACKENDS}
     least = min(reads.values())
     return tuple(d for d in CPU_BACKENDS if reads[d] == least)
@@ -244,7 +242,7 @@ def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend
     and ONNX targets, which plan their own memory."""
     if backend != "llama":
         return None
-    from ondevice.draft.trimmed_input import TrimmedHead
+    from ondevice.vocabtrim.head import TrimmedHead
 
     drafter = None
     if models.drafter is not None:  # an ONNX drafter is counted as its GGUF (its 4-bit export is smaller)

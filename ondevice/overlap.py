@@ -39,16 +39,13 @@ keeps expanding the best unexpanded nodes of the search the verified tree came f
 next round starts from that search re-rooted at the target's bonus token. The target's pass runs
 on the calling thread and the drafter on one thread of idle priority (Linux SCHED_IDLE): on a CPU
 whose target waits on the disk, the drafter gets a core only while the target's threads sleep. (One
-thread: a second llama.cpp OpenMP team makes libgomp throttle every team's spinning, and all
-decodes of the process then ran ~25% slower.) The tree is still a function of the context and the
-drafter's distributions only, so every rule stays exact.
+thread: a second llama.cpp OpenMP team makes libgomp throttle every team's spinning, which slows
+every decode of the process.) The tree is still a function of the context and the drafter's
+distributions only, so every rule stays exact.
 
-Measured on 2 cores with the target streaming from disk (README, "Larger than memory"): the grown
-search held the target's bonus token in 2 of 7 rounds and ranked it 1st to 4th among the nodes
-still to expand in 3 more, but a round started from it saved only ~20% of its drafting, and the
-pass ran ~14% slower beside it: carrying ran 0.87-0.92× of drafting between passes (the single
-guess, with its second OpenMP team, 0.80×). The planner overlaps only where the drafter has cores
-of its own (a GPU target, spare cores).
+Drafting beside a pass takes cores from it, so the planner overlaps only where the drafter has
+cores of its own (a GPU target, spare cores); README, "Larger than memory", has what carrying and
+guessing measured on 2 cores with the target streaming from disk, and the commands.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from ondevice.catalog.pairs import list_pairs, load_pair
+from ondevice.engine import Stats
 from ondevice.eval.bench import BenchResult
 from ondevice.eval.measured import record_bench
 from ondevice.loading import LoadOptions
@@ -54,8 +55,8 @@ def test_bench_measurements_are_shown_beside_the_prediction(home):
     backend = f"llama-cpu-t{default_threads()}"
     cache_curve("qwen2.5-coder-1.5b", "target", backend, [0.05, 0.09, 0.16, 0.3])
     cache_curve("qwen2.5-0.5b", "drafter", backend, [0.03, 0.05, 0.08])
-    alone = BenchResult("target only", "none", 0, prompts=1, tokens=40, target_passes=40, decode_seconds=2.0)
-    chain = BenchResult("chain @4", "chain", 4, prompts=1, tokens=40, target_passes=12, decode_seconds=2.5)
+    alone = BenchResult("target only", "none", 0, prompts=1, totals=Stats(tokens=40, target_passes=40, total_seconds=2.0))
+    chain = BenchResult("chain @4", "chain", 4, prompts=1, totals=Stats(tokens=40, target_passes=12, total_seconds=2.5))
     record_bench(machine_facts().fingerprint(), "qwen2.5-coder-1.5b", backend, [alone, chain])
     f = forecast(load_pair("qwen2.5-coder-1.5b"), LoadOptions(target_backend="llama"))
     assert f.measured_tps("target only") == pytest.approx(20.0)

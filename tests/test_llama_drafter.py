@@ -279,7 +279,7 @@ def test_probe_batch_leaves_the_cache_as_it_was(tiny_drafter):
 
 
 def test_vocab_trimmed_drafter_drafts_the_full_models_best_kept_tokens(tmp_path):
-    from ondevice.quant.vocab_trim import build_trimmed
+    from ondevice.vocabtrim.build import build_trimmed
     from ondevice.target.llama_target import LlamaTarget
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", vocab=320)

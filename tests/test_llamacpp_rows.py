@@ -43,7 +43,7 @@ def test_rows_give_the_target_alones_answers(pair, name):
     reference = [ondevice_alone(pair.target, p, 24) for p in PROMPTS]
     result, outputs = llamacpp_rows.run_named(llamacpp_rows.llamacpp_name(name), pair, 256, 1, PROMPTS, 24, never_ends)
     assert outputs == reference
-    assert result.prompts == 2 and result.tokens == 2 * 23 and result.decode_seconds > 0  # the first token comes with the prefill
+    assert result.prompts == 2 and result.totals.tokens == 2 * 23 and result.totals.decode_seconds > 0  # the first token comes with the prefill
     assert result.config == llamacpp_rows.label(llamacpp_rows.llamacpp_name(name))
 
 

@@ -27,7 +27,7 @@ from ondevice.onnx.graph import GraphBuilder, model
 from ondevice.onnx.nbits import NBITS_LAYOUT, gguf_to_nbits, requantize_4bit
 from ondevice.onnx.session import FALLBACK_RATIO, NBitsConfig, check_fast_kernels, kernel_ratio, nbits_configs
 from ondevice.protocols import DraftSpec
-from ondevice.quant import vocab_trim as vt
+from ondevice.vocabtrim import build as vt
 from ondevice.target.llama_target import LlamaTarget
 from ondevice.target.onnx_target import OnnxTarget
 from ondevice.target.torch_target import TorchTarget

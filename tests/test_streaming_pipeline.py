@@ -18,7 +18,7 @@ from ondevice.plan.hardware import measure_ram_bandwidth
 from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
 from ondevice.plan.profile import Profile, save_profile
 from ondevice.protocols import DraftSpec
-from ondevice.quant import shipped_trim, vocab_trim
+from ondevice.vocabtrim import build, shipped
 from ondevice.verify import Sampling
 import tiny_models
 from tiny_models import write_tiny_pair
@@ -93,30 +93,30 @@ def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them
 def ship_tiny_keep_set(home, monkeypatch, name: str = "tiny"):
     """The tiny pair's catalog ships a keep set (every third id), as the default pair's does; no
     trimmed drafter is built yet. Returns (the drafter's path, the kept ids)."""
-    monkeypatch.setattr(shipped_trim, "SHIPPED_DIR", home / "shipped")
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", home / "shipped")
     drafter = pipeline.choose(name, None, None, True).drafter
-    keep = np.union1d(vocab_trim.always_kept_ids(gguf.GGUFReader(drafter)), np.arange(0, 320, 3))
-    built = vocab_trim.build_trimmed(drafter, keep, "test: every third id")
+    keep = np.union1d(build.always_kept_ids(gguf.GGUFReader(drafter)), np.arange(0, 320, 3))
+    built = build.build_trimmed(drafter, keep, "test: every third id")
     (home / "shipped").mkdir()
-    shipped_trim.export(built, name)
-    for path in vocab_trim.trimmed_paths(drafter):  # shipped with the catalog, not built here
+    shipped.export(built, name)
+    for path in build.trimmed_paths(drafter):  # shipped with the catalog, not built here
         path.unlink()
     return drafter, keep
 
 
 def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(tiny_home, monkeypatch):
     drafter, keep = ship_tiny_keep_set(tiny_home, monkeypatch)
-    assert shipped_trim.shipped_keep_ids("tiny", "0" * 64) is None  # for another drafter file: nothing
+    assert shipped.shipped_keep_ids("tiny", "0" * 64) is None  # for another drafter file: nothing
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
         assert pipe.memory.target_in_ram and not pipe.engine.drafter.model.vocab_trimmed
-    assert vocab_trim.find_trimmed(drafter) is None  # in RAM the full drafter drafts: nothing written
+    assert build.find_trimmed(drafter) is None  # in RAM the full drafter drafts: nothing written
     stream_tiny_target(tiny_home, monkeypatch)
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
         assert pipe.memory.streams and pipe.engine.drafter.model.vocab_trimmed
-        trimmed, record = vocab_trim.trimmed_paths(drafter)
+        trimmed, record = build.trimmed_paths(drafter)
         assert pipe.memory.drafter_bytes == trimmed.stat().st_size < drafter.stat().st_size
         streamed, _ = answer(pipe, DraftSpec("best-first", 4))
-    assert vocab_trim.TrimmedVocab.load(record).keep_ids == tuple(int(i) for i in keep)
+    assert build.TrimmedVocab.load(record).keep_ids == tuple(int(i) for i in keep)
     with ondevice.load("tiny", target_backend="llama", draft=False, threads=1, n_ctx=256) as alone:
         assert streamed == answer(alone, None)[0]
 

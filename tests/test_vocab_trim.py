@@ -19,11 +19,11 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
+from ondevice.vocabtrim.head import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LlamaContext, LlamaModel
 from ondevice.eval.prompts import CALIBRATION
-from ondevice.quant import vocab_trim as vt
+from ondevice.vocabtrim import build as vt
 from ondevice.prompt.tokenizer import Tokenizer
 
 K = 4096  # small: fast to write, and most ids of any text fall outside it (inputs must still work)

@@ -157,7 +157,7 @@ def downloaded_bytes(model_file: ModelFile) -> int:
 def local_files(model_file: ModelFile) -> list[Path]:
     """Everything on disk that belongs to the model: its parts and their markers, locks, partial
     downloads and staging folders, and a VocabTrim head built from it."""
-    from ondevice.quant.vocab_trim import trimmed_paths
+    from ondevice.vocabtrim.build import trimmed_paths
 
     found = []
     for part in model_file.parts():

@@ -44,12 +44,12 @@ def results_table(results: list[BenchResult], baseline: BenchResult | None) -> T
             continue
         speed = f"{r.tokens_per_second / baseline.tokens_per_second:.2f}×" if baseline and baseline.tokens_per_second else "-"
         pred = f"{r.predicted_tokens_per_second:.1f}" if r.predicted_tokens_per_second else "-"
-        read = f"{r.bytes_read_per_pass / 1e9:.2f}" if r.bytes_read_per_pass is not None else "-"
+        read = f"{r.totals.bytes_read_per_pass / 1e9:.2f}" if r.totals.bytes_read_per_pass is not None else "-"
         rss = f"{r.peak_rss_bytes / 1e9:.2f} GB" if r.peak_rss_bytes else "-"
         same = f"{r.same_as_target}/{r.prompts}" if r.same_as_target is not None else "-"
-        per_pass = f"{r.tokens_per_pass:.2f}" if r.target_passes else "-"
-        table.add_row(r.config, per_pass, f"{r.tokens_per_second:.2f}", speed, f"{r.draft_ms_per_pass:.0f}", f"{r.draft_seconds:.1f}",
-                      f"{r.verify_seconds:.1f}", f"{r.other_seconds:.1f}", pred, read, rss, same)
+        per_pass = f"{r.tokens_per_pass:.2f}" if r.totals.target_passes else "-"
+        table.add_row(r.config, per_pass, f"{r.tokens_per_second:.2f}", speed, f"{r.draft_ms_per_pass:.0f}", f"{r.totals.draft_seconds:.1f}",
+                      f"{r.totals.verify_seconds:.1f}", f"{r.other_seconds:.1f}", pred, read, rss, same)
     return table
 
 

@@ -1,6 +1,6 @@
 """`ondevice quant ...`: build smaller or faster versions of a pair's models.
 
-`ondevice quant vocab-trim` builds the VocabTrim drafter (see ondevice/quant/vocab_trim.py): the
+`ondevice quant vocab-trim` builds the VocabTrim drafter (see ondevice/vocabtrim/build.py): the
 target answers the calibration prompts, the K most used tokens are kept, and a trimmed copy of the
 drafter is written beside it, where `ondevice chat/generate` pick it up (--no-vocab-trim to not).
 """
@@ -19,11 +19,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ondevice.catalog import hub
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
-from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
+from ondevice.vocabtrim.head import TrimmedContext, TrimmedHead
 from ondevice.plan.latency import measure_drafter_curve
 from ondevice.llama_backend import LlamaContext, LlamaModel
 from ondevice.eval.prompts import CALIBRATION, EVAL
-from ondevice.quant import vocab_trim
+from ondevice.vocabtrim.build import TOKENS_KEY, always_kept_ids, build_trimmed, calibration_token_counts, coverage, top_k_tokens, trimmed_paths
 
 app = typer.Typer(no_args_is_help=True)
 status_console = Console(stderr=True)  # progress and notices; results go to stdout
@@ -60,20 +60,20 @@ def vocab_trim_command(
     files = hub.ensure_pair(pair, status_console)
     with status_console.status("reading the drafter's vocabulary"):
         reader = gguf.GGUFReader(files.drafter)
-        always_kept = vocab_trim.always_kept_ids(reader)
-    vocab_trim.top_k_tokens(np.zeros(len(reader.fields[vocab_trim.TOKENS_KEY].data)), k, always_kept)  # check k first
+        always_kept = always_kept_ids(reader)
+    top_k_tokens(np.zeros(len(reader.fields[TOKENS_KEY].data)), k, always_kept)  # check k first
     calibration = CALIBRATION[:prompts]
     counts, answers = _target_answers(files.target, calibration, max_tokens, threads, "calibrating on the target")
-    keep_ids = vocab_trim.top_k_tokens(counts, k, always_kept)
+    keep_ids = top_k_tokens(counts, k, always_kept)
     with status_console.status("writing the trimmed drafter"):
         description = (
             f"{len(calibration)} calibration prompts (ondevice.eval.prompts.CALIBRATION), answered greedily by "
             f"{pair.target.label}, at most {max_tokens} tokens each; {int(counts.sum()):,} tokens counted"
         )
-        record = vocab_trim.build_trimmed(files.drafter, keep_ids, description, reader=reader)
-    trimmed, _ = vocab_trim.trimmed_paths(files.drafter)
+        record = build_trimmed(files.drafter, keep_ids, description, reader=reader)
+    trimmed, _ = trimmed_paths(files.drafter)
     typer.echo(f"kept      {record.k:,} of {record.n_vocab:,} tokens ({int(np.count_nonzero(counts)):,} distinct ids seen)")
-    typer.echo(f"coverage  {vocab_trim.coverage(np.concatenate(answers), keep_ids):.2%} of the target's calibration tokens")
+    typer.echo(f"coverage  {coverage(np.concatenate(answers), keep_ids):.2%} of the target's calibration tokens")
     if eval_prompts:
         _, held_out = _target_answers(files.target, EVAL[:eval_prompts], max_tokens, threads, "answering held-out prompts")
         _print_held_out_coverage(counts, keep_ids, np.concatenate(held_out), always_kept)
@@ -97,15 +97,15 @@ def _target_answers(target: Path, prompts: Sequence[str], max_tokens: int, threa
             answers.append(np.asarray(answer, dtype=np.int64))
             progress.advance(task)
 
-        counts = vocab_trim.calibration_token_counts(target, prompts, max_tokens, threads=threads, on_prompt=done)
+        counts = calibration_token_counts(target, prompts, max_tokens, threads=threads, on_prompt=done)
     return counts, answers
 
 
 def _print_held_out_coverage(counts: np.ndarray, keep_ids: np.ndarray, held_out: np.ndarray, always: np.ndarray) -> None:
     """Coverage of held-out target tokens by the kept set, and by the sets K/4 and K/2 would keep."""
     for k in sorted({max(len(always), len(keep_ids) // 4), max(len(always), len(keep_ids) // 2), len(keep_ids)}):
-        kept = keep_ids if k == len(keep_ids) else vocab_trim.top_k_tokens(counts, k, always)
-        typer.echo(f"held-out  K={k:<6,} covers {vocab_trim.coverage(held_out, kept):.2%} of {len(held_out):,} target tokens")
+        kept = keep_ids if k == len(keep_ids) else top_k_tokens(counts, k, always)
+        typer.echo(f"held-out  K={k:<6,} covers {coverage(held_out, kept):.2%} of {len(held_out):,} target tokens")
 
 
 def _draft_call_seconds(drafter: Path, head: TrimmedHead | None, threads: int | None, repeats: int = 10) -> dict[int, float]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from ondevice.draft.builders import BATCH_SPREAD
 from ondevice.draft.model_drafter import ModelDrafter
 from ondevice.draft.tree_cache import DraftKV
-from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
+from ondevice.vocabtrim.head import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel
 from ondevice.protocols import MAX_BUDGET

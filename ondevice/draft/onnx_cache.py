@@ -15,28 +15,22 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.draft.search_tree import SearchTree
+from ondevice.kvcache import CachedContext, kept_prefix
 from ondevice.onnx.decoder import OnnxDecoder, causal_mask
-from ondevice.tree import common_prefix
 
 SYNC_CHUNK = 256  # context tokens per decoder call
 
 
-class OnnxDraftKV:
+class OnnxDraftKV(CachedContext):
     """builders.Expander over an OnnxDecoder. `to_full`: maps the head's (n, rows) logits to the
     full vocabulary (a VocabTrim head), or None."""
 
     def __init__(self, decoder: OnnxDecoder, to_full=None):
+        super().__init__()  # tokens: the context held on slots 0..len − 1
         self.decoder = decoder
         self.to_full = to_full
-        self.tokens: list[int] = []  # the context held on slots 0..len − 1
-        self.tree: SearchTree | None = None  # the tree grown since the last sync
         self.slot_of: dict[int, int] = {}  # expanded node -> its slot
         self.used = 0  # slots in use (context + this round's expanded nodes)
-        self.last_sync_decoded = 0
-
-    @property
-    def root_pos(self) -> int:
-        return len(self.tokens) - 1
 
     def free_capacity(self) -> int:
         return self.decoder.slots - self.used
@@ -53,7 +47,7 @@ class OnnxDraftKV:
         """Hold `context` and return the logits (vocab,) after its last token."""
         context = [int(t) for t in context]
         self._keep_accepted_nodes(context)
-        n_keep = min(common_prefix(self.tokens, context), len(context) - 1)
+        n_keep = kept_prefix(self.tokens, context)
         del self.tokens[n_keep:]
         self.tree, self.slot_of, self.used = None, {}, n_keep
         self.last_sync_decoded = len(context) - n_keep
@@ -67,13 +61,10 @@ class OnnxDraftKV:
 
     def _keep_accepted_nodes(self, context: list[int]) -> None:
         """Move the entries of the last tree's nodes that `context` continues with onto the context."""
-        if self.tree is None or common_prefix(self.tokens, context) < len(self.tokens):
-            return
-        tree = self.tree
-        kept = tree.follow(self.slot_of, context[len(self.tokens) : len(context) - 1])  # the last token must be decoded
+        kept = self.accepted_nodes(context, self.slot_of)
         if kept:
             self.decoder.move(np.array([self.slot_of[n] for n in kept]), len(self.tokens))
-            self.tokens += [tree.tokens[n] for n in kept]
+            self.tokens += [self.tree.tokens[n] for n in kept]
 
     def reset(self) -> None:
         self.tokens, self.tree, self.slot_of, self.used = [], None, {}, 0

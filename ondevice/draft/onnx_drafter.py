@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ondevice.draft.model_drafter import ModelDrafter
 from ondevice.draft.onnx_cache import OnnxDraftKV
-from ondevice.draft.trimmed_input import TrimmedHead
+from ondevice.vocabtrim.head import TrimmedHead
 from ondevice.onnx.decoder import OnnxDecoder
 from ondevice.onnx.export import ACCURACY_INT8, ensure_export
 from ondevice.protocols import MAX_BUDGET

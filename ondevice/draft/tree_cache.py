@@ -28,29 +28,23 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.draft.search_tree import SearchTree
+from ondevice.kvcache import CachedContext, kept_prefix
 from ondevice.llama_backend import LlamaContext
-from ondevice.tree import common_prefix
 
 MAIN_SEQ = 0
 
 
-class DraftKV:
+class DraftKV(CachedContext):
     carries = True  # sync can carry the last search over to the next round
 
     def __init__(self, ctx: LlamaContext):
+        super().__init__()  # tokens: what sequence 0 holds
         self.ctx = ctx
-        self.tokens: list[int] = []  # what sequence 0 holds, position i = tokens[i]
-        self.tree: SearchTree | None = None  # the tree grown since the last sync
         self.carried: SearchTree | None = None  # the last sync's re-rooted search, if it carried one
         self.path_end: dict[int, int] = {}  # path sequence id -> the node its path ends at
         self.node_seq: dict[int, int] = {}  # node with a KV cell -> one path sequence holding it
         self.free_seqs: list[int] = []  # unused sequence ids
         self._forget_branches()
-        self.last_sync_decoded = 0  # tokens the last sync had to decode (the rest was cached)
-
-    @property
-    def root_pos(self) -> int:
-        return len(self.tokens) - 1
 
     def free_capacity(self) -> int:
         """How many more nodes can surely be expanded (each may need a fresh sequence id)."""
@@ -68,7 +62,7 @@ class DraftKV:
                 return None
             self._keep_accepted_nodes(context)
             self._drop_branches()
-            n_keep = min(common_prefix(self.tokens, context), len(context) - 1)
+            n_keep = kept_prefix(self.tokens, context)
             self.ctx.seq_rm(MAIN_SEQ, n_keep, -1)
             del self.tokens[n_keep:]
             self.last_sync_decoded = len(context) - n_keep
@@ -79,19 +73,16 @@ class DraftKV:
 
     def _keep_accepted_nodes(self, context: list[int]) -> None:
         """Move the cells of the last tree's nodes that `context` continues with onto sequence 0."""
-        if self.tree is None or common_prefix(self.tokens, context) < len(self.tokens):
-            return
-        tree = self.tree
-        kept = tree.follow(self.node_seq, context[len(self.tokens) : len(context) - 1])  # the last token must be decoded
+        kept = self.accepted_nodes(context, self.node_seq)
         if kept:
             start = len(self.tokens)
             self.ctx.seq_cp(self.node_seq[kept[-1]], MAIN_SEQ, start, start + len(kept))
-            self.tokens.extend(tree.tokens[n] for n in kept)
+            self.tokens.extend(self.tree.tokens[n] for n in kept)
 
     def _carry(self, context: list[int], k: int) -> bool:
         """Re-root the last search at context[-1] if the new tokens are all expanded nodes of it."""
         tree = self.tree
-        if tree is None or tree.k != k or len(context) <= len(self.tokens) or common_prefix(self.tokens, context) < len(self.tokens):
+        if tree is None or tree.k != k or len(context) <= len(self.tokens) or not self.goes_on(context):
             return False
         path = tree.follow(self.node_seq, context[len(self.tokens) :])
         if len(path) != len(context) - len(self.tokens):

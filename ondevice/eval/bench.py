@@ -6,7 +6,7 @@ Reports per configuration: tokens accepted per target pass, decode tok/s, and wh
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable
 
 from ondevice.engine import Stats, Step
@@ -16,16 +16,13 @@ from ondevice.verify import Sampling
 
 @dataclass
 class BenchResult:
+    """One configuration's row: its prompts' `Stats` added up, and what the bench adds to them."""
+
     config: str
     builder: str
     budget: int
     prompts: int = 0
-    tokens: int = 0
-    target_passes: int = 0
-    drafted_nodes: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    decode_seconds: float = 0.0
+    totals: Stats = field(default_factory=Stats)  # every prompt's Stats, added up
     predicted_tokens_per_second: float | None = None
     error: str | None = None  # the configuration could not run (e.g. a tree bigger than the target takes)
     disk_read_bytes: int | None = None  # read from storage while decoding (None: not known)
@@ -35,41 +32,36 @@ class BenchResult:
 
     @property
     def tokens_per_pass(self) -> float:
-        return self.tokens / self.target_passes if self.target_passes else 0.0
+        return self.totals.tokens_per_pass
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
-
-    @property
-    def bytes_read_per_pass(self) -> float | None:
-        if self.disk_read_bytes is None or not self.target_passes:
-            return None
-        return self.disk_read_bytes / self.target_passes
+        return self.totals.tokens_per_second
 
     @property
     def draft_ms_per_pass(self) -> float:
-        return 1e3 * self.draft_seconds / self.target_passes if self.target_passes else 0.0
+        t = self.totals
+        return 1e3 * t.draft_seconds / t.target_passes if t.target_passes else 0.0
 
     @property
     def other_seconds(self) -> float:
-        return self.decode_seconds - self.draft_seconds - self.verify_seconds
+        t = self.totals
+        return t.decode_seconds - t.draft_seconds - t.verify_seconds
 
     def add(self, stats: Stats) -> None:
         self.prompts += 1
-        self.tokens += stats.tokens
-        self.target_passes += stats.target_passes
-        self.drafted_nodes += stats.drafted_nodes
-        self.draft_seconds += stats.draft_seconds
-        self.verify_seconds += stats.verify_seconds
-        self.decode_seconds += stats.decode_seconds
-        if stats.disk_read_bytes is not None:
-            self.disk_read_bytes = (self.disk_read_bytes or 0) + stats.disk_read_bytes
+        self.totals.add(stats)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "tokens_per_pass": self.tokens_per_pass, "tokens_per_second": self.tokens_per_second,
+        """The report's row: the bench's own fields, then the totals it shows (as they were when
+        BenchResult counted them itself, so older reports compare)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "totals"}
+        t = self.totals
+        totals = {"tokens": t.tokens, "target_passes": t.target_passes, "drafted_nodes": t.drafted_nodes, "draft_seconds": t.draft_seconds,
+                  "verify_seconds": t.verify_seconds, "decode_seconds": t.decode_seconds, "disk_read_bytes": t.disk_read_bytes}
+        return {**own, **totals, "tokens_per_pass": self.tokens_per_pass, "tokens_per_second": self.tokens_per_second,
                 "other_seconds": self.other_seconds, "draft_ms_per_pass": self.draft_ms_per_pass,
-                "bytes_read_per_pass": self.bytes_read_per_pass}
+                "bytes_read_per_pass": t.bytes_read_per_pass}
 
 
 def count_same(outputs: list[list[int]], reference: list[list[int]] | None) -> int | None:

@@ -19,8 +19,8 @@ Under a memory limit, run the rows in a process of their own, as a llama.cpp use
 
 `ondevice bench --baselines` runs them in the bench's process after freeing its models, where what
 that process still holds (100 MB before any model loads, against ~45 MB here, and what freed models
-leave behind) shares the limit: in a 1.3 GB cgroup the default pair's target alone ran 1.3 tok/s
-there and 14 tok/s in its own process (its 1.1 GB file then fits).
+leave behind) shares the limit, and can make a target that fits alone stream (README, "Larger
+than memory": "Why 1.2 GB").
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from ondevice.errors import OndeviceError
+from ondevice.engine import Stats
 from ondevice.eval.bench import BenchResult
 from ondevice.llama_backend import check_gguf_file, cpu_has_amx, set_llama_logging
 from ondevice.protocols import DraftSpec
@@ -141,9 +142,7 @@ def run_row(config: str, llm: llama_cpp.Llama, prompts: Sequence[Sequence[int]],
     for ids in prompts:
         tokens, seconds = decode(llm, ids, max_tokens, is_end)
         outputs.append(tokens)
-        result.prompts += 1
-        result.tokens += max(0, len(tokens) - 1)  # the first token came with the prefill
-        result.decode_seconds += seconds
+        result.add(Stats(tokens=max(0, len(tokens) - 1), total_seconds=seconds))  # the first token came with the prefill
         if on_prompt:
             on_prompt()
     return result, outputs
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         result, outputs = run_named(llamacpp_name(name.strip()), models, args.ctx, args.threads, ids, args.max_tokens, tokenizer.is_end)
         result.peak_rss_bytes = peak_rss()
         rows.append({**result.to_dict(), "outputs": outputs})
-        print(f"{result.config}: {result.tokens} tokens in {result.decode_seconds:.1f} s, {result.tokens / result.decode_seconds:.2f} tok/s")
+        print(f"{result.config}: {result.totals.tokens} tokens in {result.totals.decode_seconds:.1f} s, {result.tokens_per_second:.2f} tok/s")
     if args.out:
         Path(args.out).write_text(json.dumps({"prompts": args.prompts, "max_tokens": args.max_tokens, "rows": rows}, indent=1))
 

@@ -23,7 +23,7 @@ def record_bench(fingerprint: str, pair: str, backend: str, results) -> Path:
     record = load_measured(fingerprint, pair, backend)
     when = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     for r in results:
-        if r.error is None and r.target_passes and not r.config.startswith("auto"):
+        if r.error is None and r.totals.target_passes and not r.config.startswith("auto"):
             record[r.config] = {"tokens_per_second": r.tokens_per_second, "tokens_per_pass": r.tokens_per_pass,
                                 "builder": r.builder, "budget": r.budget, "prompts": r.prompts, "measured": when}  # fmt: skip
     return write_json(path, record)

@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from ondevice.kvcache import move_entries
 from ondevice.onnx.export import OnnxExport
 from ondevice.onnx.session import open_session
 from ondevice.target.torch_model import rope_angles, rope_inv_freq
@@ -86,10 +87,7 @@ class OnnxDecoder:
 
     def move(self, src_slots: np.ndarray, dst_start: int) -> None:
         """In every layer, copy the entries at src_slots to dst_start, dst_start+1, … (gathered first)."""
-        src = np.asarray(src_slots, dtype=np.int64)
-        end = dst_start + len(src)
-        for cache in (*self.keys, *self.values):
-            cache[:, :, dst_start:end] = cache[:, :, src]
+        move_entries((*self.keys, *self.values), np.asarray(src_slots, dtype=np.int64), dst_start)
 
 
 def causal_mask(start: int, n: int) -> np.ndarray:

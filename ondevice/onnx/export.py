@@ -29,7 +29,7 @@ from ondevice.onnx import graph as G
 from ondevice.onnx.nbits import NBitsWeight, gguf_to_nbits, requantize_4bit, stack_rows, supported
 from ondevice.onnx.session import fallback_error, kernel_ratios
 from ondevice.paths import write_json
-from ondevice.quant.embedding_rows import EmbeddingRows
+from ondevice.files.embedding_rows import EmbeddingRows
 from ondevice.quant.gguf_blocks import FLOAT_TYPES
 from ondevice.target import weights as W
 from ondevice.target.torch_model import ModelArgs

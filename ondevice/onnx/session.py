@@ -8,12 +8,12 @@ cores, and a spinning pool would steal the other's time between calls.
 
 Fast kernels: ONNX Runtime runs MatMulNBits on its packed integer kernels only for some
 (bits, block size, accuracy level) on a given CPU and only without float zero points; otherwise it
-dequantizes the whole matrix to float32 on every call (measured: 8.6 s per pass instead of 50 ms).
-ORT does not say which path it took, so `check_fast_kernels` times it: each distinct configuration
+dequantizes the whole matrix to float32 on every call (README, "ONNX Runtime on the CPU", says how
+much slower). ORT does not say which path it took, so `check_fast_kernels` times it: each distinct configuration
 in a graph, on a 1024×1024 matrix (2048² to confirm a slow one), against a float32 MatMul of the
 same size. The fallback writes the whole float32 matrix and then runs that very MatMul over it: at
-least twice its memory traffic; a packed kernel reads 4–8× fewer bytes. Measured (1 and 2 threads,
-1024² to 4096²): packed 0.1–0.75× the float MatMul, fallback 8–55×; the line is drawn at 2×.
+least twice its memory traffic; a packed kernel reads 4–8× fewer bytes. So the line is drawn at 2×,
+far from both (README, "ONNX Runtime on the CPU", has what each measured and the command).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def kernel_ratio(config: NBitsConfig, size: int = 2048, repeats: int = 5, thread
 
 def kernel_ratios(model_paths: list[str | Path], threads: int | None = None) -> dict[NBitsConfig, float]:
     """{config: kernel_ratio} for every MatMulNBits configuration in these models: on a 1024² matrix
-    (fast: ~0.5×, fallback: ~8×), and a slow one again on 2048² before it is called a fallback."""
+    and a slow one again on 2048² before it is called a fallback."""
     configs = set().union(*(nbits_configs(path) for path in model_paths))
     ratios = {config: kernel_ratio(config, size=1024, threads=threads) for config in configs}
     return {c: r if r <= FALLBACK_RATIO else kernel_ratio(c, size=2048, repeats=7, threads=threads) for c, r in ratios.items()}

@@ -66,7 +66,7 @@ def powers_of_two(limit: int) -> tuple[int, ...]:
 
 def pass_sizes(limit: int) -> tuple[int, ...]:
     """The target pass sizes a profile times: each power of two and the size just above it. llama.cpp's
-    batched kernels work in tiles, so a pass costs a step function of its size (measured, AVX2, 2
-    cores: 7 tokens 0.23 s, 8-16 0.43 s, 17-32 0.69 s, 33-48 0.95 s); a tree of 2^k nodes and one of
-    2^k + 1 can differ by half, and a curve that only saw 2^k would call the second cheap."""
+    batched kernels work in tiles, so a pass costs a step function of its size (README, "Larger than
+    memory", the AVX2 VM); a tree of 2^k nodes and one of 2^k + 1 can differ by half, and a curve
+    that only saw 2^k would call the second cheap."""
     return tuple(sorted({n for p in powers_of_two(limit) for n in (p, p + 1) if n <= limit}))

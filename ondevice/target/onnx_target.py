@@ -15,9 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ondevice.kvcache import TreeSlots
 from ondevice.onnx.decoder import OnnxDecoder, causal_mask
 from ondevice.onnx.export import ACCURACY_INT8, ensure_export
-from ondevice.target.slots import check_room, is_root_path
 from ondevice.tree import DraftTree
 
 PREFILL_CHUNK = 256  # tokens per prefill pass (bounds the attention bias and activations)
@@ -28,8 +28,7 @@ class OnnxTarget:
         self.decoder = decoder
         self.n_vocab = decoder.args.vocab_size
         self.n_ctx = n_ctx
-        self._n_cached = 0
-        self._tree_parents = np.zeros(0, dtype=np.int64)  # the last tree, whose nodes sit after n_cached
+        self.slots = TreeSlots(n_ctx)
 
     @classmethod
     def from_gguf(cls, path: str | Path, n_ctx: int = 4096, threads: int | None = None, accuracy_level: int = ACCURACY_INT8,
@@ -40,37 +39,29 @@ class OnnxTarget:
 
     @property
     def n_cached(self) -> int:
-        return self._n_cached
+        return self.slots.n_cached
 
     def truncate(self, n_tokens: int) -> None:
-        if not 0 <= n_tokens <= self._n_cached:
-            raise ValueError(f"cannot truncate a cache of {self._n_cached} tokens to {n_tokens}")
-        self._n_cached, self._tree_parents = n_tokens, np.zeros(0, dtype=np.int64)
+        self.slots.truncate(n_tokens)
 
     def prefill(self, tokens: Sequence[int]) -> None:
-        check_room(self._n_cached, len(tokens), self.n_ctx)
+        self.slots.check_room(len(tokens))
         for i in range(0, len(tokens), PREFILL_CHUNK):
             chunk = list(tokens[i : i + PREFILL_CHUNK])
-            start = self._n_cached
+            start = self.slots.n_cached
             self.decoder.hidden(chunk, np.arange(start, start + len(chunk)), start, causal_mask(start, len(chunk)))
-            self._n_cached += len(chunk)
-        self._tree_parents = np.zeros(0, dtype=np.int64)
+            self.slots.appended(len(chunk))
 
     def forward_tree(self, tree: DraftTree) -> np.ndarray:
-        n, start = len(tree), self._n_cached
-        check_room(self._n_cached, n, self.n_ctx)
+        n, start = len(tree), self.slots.n_cached
+        self.slots.check_room(n)
         mask = np.concatenate([np.ones((n, start), dtype=bool), tree.ancestor_mask()], axis=1)  # (n, start + n)
         logits = self.decoder.forward(tree.tokens, start + tree.depths, start, mask)
-        self._tree_parents = tree.parents
+        self.slots.tree_written(tree.parents)
         return logits
 
     def commit(self, path: Sequence[int]) -> None:
-        path = np.asarray(path, dtype=np.int64)
-        if not is_root_path(self._tree_parents, path):
-            raise ValueError(f"commit needs a root-first path of the last tree's nodes, got {path.tolist()}")
-        self.decoder.move(self._n_cached + path, self._n_cached)
-        self._n_cached += len(path)
-        self._tree_parents = np.zeros(0, dtype=np.int64)
+        self.slots.commit(path, self.decoder.move)
 
     def placement_summary(self) -> str:
         return f"{self.decoder.args.n_layers} layers on CPU (ONNX Runtime, MatMulNBits)"

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ondevice.errors import OndeviceError
+from ondevice.kvcache import move_entries
 
 
 @dataclass
@@ -114,9 +115,7 @@ class KVCache(nn.Module):
 
     def move(self, src_slots: torch.Tensor, dst_start: int) -> None:
         """Copy the entries at src_slots to dst_start, dst_start+1, ... (the gather copies first)."""
-        end = dst_start + len(src_slots)
-        self.k[:, :, dst_start:end] = self.k[:, :, src_slots]
-        self.v[:, :, dst_start:end] = self.v[:, :, src_slots]
+        move_entries((self.k, self.v), src_slots, dst_start)
 
 
 class Attention(nn.Module):

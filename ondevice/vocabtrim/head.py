@@ -1,4 +1,4 @@
-"""What a drafter needs to run a VocabTrim drafter (see ondevice/quant/vocab_trim.py).
+"""What a drafter needs to run a VocabTrim drafter (see ondevice/vocabtrim/build.py).
 
 The trimmed GGUF knows only K tokens, but the drafter must accept any target token as input and
 propose target ids. So:
@@ -24,8 +24,8 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LlamaContext
-from ondevice.quant.embedding_rows import EmbeddingRows
-from ondevice.quant.vocab_trim import TrimmedVocab, find_trimmed, trimmed_paths
+from ondevice.files.embedding_rows import EmbeddingRows
+from ondevice.vocabtrim.build import TrimmedVocab, find_trimmed, trimmed_paths
 
 
 class TrimmedHead:

@@ -8,7 +8,7 @@
    and `token_embd.weight` (quantized blocks sliced by row, bytes untouched) and the matching
    vocabulary, so llama.cpp loads it with n_vocab = K. Draft index i means target id keep_ids[i];
    verification always uses the full vocabulary. Never tokenize with the trimmed file (merges
-   whose parts were dropped are gone); inputs are fed as embeddings (see draft/trimmed_input.py).
+   whose parts were dropped are gone); inputs are fed as embeddings (see vocabtrim/head.py).
 4. `TrimmedVocab`: a JSON record beside the trimmed file (keep_ids, K, which drafter it was built
    from, how it was calibrated). `find_trimmed(drafter)` returns the trimmed file built from
    exactly this drafter, so it is picked up automatically.

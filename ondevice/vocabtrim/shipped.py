@@ -8,7 +8,7 @@ calibration chose (`catalog/models/<pair>.vocab-trim.json`, written by `export`)
 `trim_for_streaming` writes the trimmed GGUF from it — a slice of the drafter's own rows, no model
 run — when the target streams and the drafter file is the one the set was built for (sha256).
 
-    python -m ondevice.quant.shipped_trim qwen2.5-coder-1.5b   # ship the set `quant vocab-trim` built here
+    python -m ondevice.vocabtrim.shipped qwen2.5-coder-1.5b   # ship the set `quant vocab-trim` built here
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ondevice.paths import warn, write_json
-from ondevice.quant.vocab_trim import TrimmedVocab, build_trimmed, find_trimmed, trimmed_paths
+from ondevice.vocabtrim.build import TrimmedVocab, build_trimmed, find_trimmed, trimmed_paths
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "catalog" / "models"
 
