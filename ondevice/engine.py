@@ -16,7 +16,7 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.overlap import Guess, Overlap
-from ondevice.plan.ram import disk_read_bytes
+from ondevice.machine.ram import disk_read_bytes
 from ondevice.protocols import Drafter, DraftSpec, Target, config_label
 from ondevice.tree import DraftTree, common_prefix
 from ondevice.verify import Sampling, verify

@@ -14,9 +14,9 @@ from ondevice.catalog import refs
 from ondevice.catalog.choose import Models, choose
 from ondevice.errors import OndeviceError
 from ondevice.plan.auto import CPU_MAX_TREE
-from ondevice.plan.hardware import cuda_available, default_threads, physical_cores
+from ondevice.machine.facts import cuda_available, default_threads, physical_cores
 from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
-from ondevice.plan.ram import RamBudget, anon_rss, ram_budget
+from ondevice.machine.ram import RamBudget, anon_rss, ram_budget
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import parse_size
@@ -136,7 +136,7 @@ def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str,
         from ondevice.plan.acceptance import AcceptanceTracker
         from ondevice.plan.backends import best_backends
         from ondevice.plan.profile import get_profile, load_profile
-        from ondevice.plan.hardware import machine_facts
+        from ondevice.machine.facts import machine_facts
         from ondevice.paths import home
 
         planned = (target or "llama", drafter or "llama")
@@ -167,7 +167,7 @@ def streaming_profile(models: Models, planned: tuple[str, str], threads: int, op
     (+146 MB) — and the kernel then evicts the layers the plan keeps cached: 0.63-0.67 GB read per
     pass against 0.36 planned (AVX-512 EPYC, 1.3 GB cgroup). A child's memory goes when it exits."""
     from ondevice.paths import home
-    from ondevice.plan.hardware import machine_facts
+    from ondevice.machine.facts import machine_facts
     from ondevice.plan.profile import load_profile
 
     plan = memory_plan(models, opts, *planned)

@@ -15,7 +15,7 @@ from ondevice.eval.bench import BenchResult
 from ondevice.eval.measured import record_bench
 from ondevice.loading import LoadOptions
 from ondevice.plan.forecast import forecast, plan_config
-from ondevice.plan.hardware import default_threads, machine_facts
+from ondevice.machine.facts import default_threads, machine_facts
 from ondevice.plan.curve import LatencyCurve
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
 

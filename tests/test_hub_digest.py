@@ -282,7 +282,7 @@ def test_models_says_where_the_target_would_live_by_the_memory_plan(fake_hub, tm
 
     from ondevice.cli.models_cmd import model_size, target_place
     from ondevice.plan.memory import plan_memory
-    from ondevice.plan.ram import RamBudget
+    from ondevice.machine.ram import RamBudget
 
     home = tmp_path / "home"
     fake_hub.publish(REPO, "big.gguf", write_tiny_gguf(tmp_path / "t.gguf", "qwen2", seed=1).read_bytes())

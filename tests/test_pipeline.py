@@ -42,7 +42,7 @@ def tiny_home(tmp_path, monkeypatch):
 
 
 def fake_profile(backends, curves: Curves):
-    from ondevice.plan.hardware import Bandwidths, machine_facts
+    from ondevice.machine.facts import Bandwidths, machine_facts
     from ondevice.plan.profile import Profile
 
     return Profile(backends.pair, backends.backend, machine_facts(), Bandwidths(1.0, None, None, 1.0), curves, [])

@@ -18,7 +18,7 @@ import re
 import pytest
 
 from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
-from ondevice.plan.ram import RamBudget
+from ondevice.machine.ram import RamBudget
 from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf
 from ondevice.target.page_cache import WINDOW_AHEAD

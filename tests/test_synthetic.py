@@ -31,7 +31,7 @@ from ondevice.synthetic.quant_mix import file_bytes, preset_tensors
 from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.sources import from_preset, matching_preset, resolve, tensors_of_gguf
 from ondevice.synthetic.writer import write_synthetic_gguf
-from ondevice.plan.hardware import machine_facts
+from ondevice.machine.facts import machine_facts
 from ondevice.target import weights
 from ondevice.target.torch_target import TorchTarget
 from ondevice.tree import DraftTree
@@ -208,7 +208,7 @@ def test_disk_tier_reports_the_bytes_read_from_disk_per_pass(tmp_path, monkeypat
 
 def test_what_would_not_fit_is_refused_before_it_is_written(tmp_path, monkeypatch):
     from ondevice import loading
-    from ondevice.plan.ram import RamBudget
+    from ondevice.machine.ram import RamBudget
     from ondevice.synthetic import measure as measure_module
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))

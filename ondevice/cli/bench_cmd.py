@@ -20,8 +20,8 @@ from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec, rounds_text
 from ondevice.errors import OndeviceError
 from ondevice.loading import LoadOptions
-from ondevice.plan.hardware import machine_facts
-from ondevice.plan.ram import peak_rss
+from ondevice.machine.facts import machine_facts
+from ondevice.machine.ram import peak_rss
 from ondevice.verify import Sampling
 
 

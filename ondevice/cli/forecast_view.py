@@ -13,7 +13,7 @@ from ondevice.catalog.pairs import ModelPair
 from ondevice.loading import LoadOptions
 from ondevice.cli.models_cmd import target_place
 from ondevice.plan.acceptance import MEASURED_PRIOR
-from ondevice.plan.ram import ram_budget
+from ondevice.machine.ram import ram_budget
 from ondevice.plan.forecast import Forecast, forecast, plan_config
 
 

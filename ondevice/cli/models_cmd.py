@@ -21,7 +21,7 @@ from ondevice.cli import options as opt
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import SPLIT_NAME, model_bytes
 from ondevice.plan.memory import ModelSize, plan_memory
-from ondevice.plan.ram import RamBudget, ram_budget
+from ondevice.machine.ram import RamBudget, ram_budget
 from ondevice.target.page_cache import WINDOW_AHEAD
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.shapes import find_shape

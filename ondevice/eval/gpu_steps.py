@@ -75,7 +75,7 @@ def _version(package: str) -> str | None:
 
 def bandwidth() -> dict:
     """Pinned host↔device copy rates (1 GiB, best of 5), the peak a streamed pass can reach."""
-    from ondevice.plan.hardware import measure_pinned_bandwidth
+    from ondevice.machine.facts import measure_pinned_bandwidth
 
     h2d, d2h = measure_pinned_bandwidth(1 << 30, repeats=5)
     return {"host_to_device_gbps": h2d, "device_to_host_gbps": d2h, "bytes": 1 << 30}

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from ondevice.catalog.choose import choose
     from ondevice.eval import prompts as prompt_sets
-    from ondevice.plan.ram import peak_rss
+    from ondevice.machine.ram import peak_rss
     from ondevice.prompt.tokenizer import Tokenizer
 
     parser = argparse.ArgumentParser(prog="python -m ondevice.eval.llamacpp_rows", description=main.__doc__)

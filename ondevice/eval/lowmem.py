@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from ondevice.errors import OndeviceError
-from ondevice.plan import ram
-from ondevice.plan.hardware import drop_page_cache
+from ondevice.machine import ram
+from ondevice.machine.facts import drop_page_cache
 from ondevice.sizes import format_bytes, parse_size
 
 NOT_CONSTRAINED = 3

@@ -151,7 +151,7 @@ def main() -> None:
     from ondevice.catalog.hub import ensure_pair
     from ondevice.catalog.pairs import load_pair
     from ondevice.eval.prompts import CHAT_EVAL, CODE_EVAL
-    from ondevice.plan.hardware import machine_facts
+    from ondevice.machine.facts import machine_facts
     from ondevice.target.llama_target import LlamaTarget
     from ondevice.prompt.tokenizer import Tokenizer
 

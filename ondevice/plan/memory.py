@@ -43,7 +43,7 @@ import psutil
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import OUTPUT_LAYER
-from ondevice.plan.ram import RamBudget, anon_rss, ram_budget
+from ondevice.machine.ram import RamBudget, anon_rss, ram_budget
 from ondevice.sizes import format_bytes
 
 F32, F16 = 4, 2

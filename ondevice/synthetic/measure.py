@@ -5,7 +5,7 @@
 The target runs through the pipeline's own loader (`loading.load_model_file`): the backend and
 placement a real model of that shape would get (llama.cpp resident; torch resident, streamed
 RAM→GPU under --gpu-memory, or from disk under --ram-memory). The bandwidth it is compared with is
-measured in the same run with the profile's functions (ondevice.plan.hardware): disk read of the
+measured in the same run with the profile's functions (ondevice.machine.facts): disk read of the
 synthetic file (before any backend maps it), RAM copy, pinned host→device on a GPU.
 """
 
@@ -27,7 +27,7 @@ from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.plan.memory import MemoryPlan, ModelSize
-from ondevice.plan.hardware import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
+from ondevice.machine.facts import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import measure_drafter_timing, measure_target_curve, measure_target_timing
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
