@@ -21,7 +21,7 @@ import pytest
 
 import ondevice.engine
 from ondevice.engine import SpecEngine, Step
-from ondevice.eval import prompts
+from ondevice.prompt import sets as prompts
 from ondevice.eval.numerics import greedy_misses, pass_noise
 from ondevice.protocols import DraftSpec
 from ondevice.prompt.tokenizer import Tokenizer

@@ -280,7 +280,7 @@ def test_a_downloaded_quant_reference_needs_no_hub(fake_hub, tmp_path, monkeypat
 def test_models_says_where_the_target_would_live_by_the_memory_plan(fake_hub, tmp_path):
     from tiny_models import write_tiny_gguf
 
-    from ondevice.cli.models_cmd import model_size, target_place
+    from ondevice.cli.placement_view import model_size, target_place
     from ondevice.plan.memory import plan_memory
     from ondevice.machine.ram import RamBudget
 
@@ -305,7 +305,7 @@ def test_models_gpu_column_is_the_loaders_placement(fake_hub, tmp_path, monkeypa
     import torch
     import tiny_models
 
-    from ondevice.cli.models_cmd import gpu_place
+    from ondevice.cli.placement_view import gpu_place
     from ondevice.offload.target import plan_offload
     from ondevice.protocols import MAX_BUDGET
 

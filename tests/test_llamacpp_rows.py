@@ -11,10 +11,10 @@ import pytest
 
 from ondevice.engine import SpecEngine, Step
 from ondevice.errors import OndeviceError
-from ondevice.eval import llamacpp_rows
+from ondevice.bench import llamacpp_rows
 from ondevice.target.llama_target import LlamaTarget
 from ondevice.catalog.choose import choose
-from ondevice.eval.prompts import CODE_EVAL
+from ondevice.prompt.sets import CODE_EVAL
 from ondevice.prompt.tokenizer import Tokenizer
 from tiny_models import write_tiny_gguf, write_tiny_pair
 

@@ -18,7 +18,7 @@ import gc
 import numpy as np
 import pytest
 
-from ondevice.eval import prompts
+from ondevice.prompt import sets as prompts
 from ondevice.eval.numerics import top2_margin
 from ondevice.onnx import export as ex
 from ondevice.onnx.session import check_fast_kernels, nbits_configs

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ondevice.eval.measured import load_measured, measured_path, record_bench
+from ondevice.bench.measured import load_measured, measured_path, record_bench
 from ondevice.paths import read_state, write_json
 from ondevice.plan.acceptance import AcceptanceTracker, acceptance_dir
 from ondevice.plan.fallback import LookupTracker

@@ -22,7 +22,7 @@ import pytest
 from ondevice.draft.trimmed_input import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LlamaContext, LlamaModel
-from ondevice.eval.prompts import CALIBRATION
+from ondevice.prompt.sets import CALIBRATION
 from ondevice.quant import vocab_trim as vt
 from ondevice.prompt.tokenizer import Tokenizer
 

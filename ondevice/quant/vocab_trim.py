@@ -27,7 +27,7 @@ import gguf
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.eval.numerics import greedy_reference
+from ondevice.reference import greedy_reference
 from ondevice.paths import write_json
 
 TRIMMED_SUFFIX = ".vocab-trim.gguf"

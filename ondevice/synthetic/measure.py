@@ -31,7 +31,7 @@ from ondevice.machine.facts import Bandwidths, machine_facts, measure_disk_read,
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import measure_drafter_timing, measure_target_curve, measure_target_timing
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
-from ondevice.synthetic.quant_mix import file_bytes
+from ondevice.synthetic.quant_mix import file_bytes, preset_size
 from ondevice.synthetic.sources import SyntheticModel
 from ondevice.synthetic.writer import write_synthetic_gguf
 
@@ -77,7 +77,7 @@ def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> 
 
 def model_size(model: SyntheticModel) -> ModelSize:
     """What the memory plan needs of a synthetic model, from its tensor list (as `from_gguf` reads a file)."""
-    return ModelSize.from_tensors(model.shape, model.tensors)
+    return preset_size(model.shape, tensors=model.tensors)
 
 
 def memory_plan(model: SyntheticModel, opts: LoadOptions, drafter: SyntheticModel | None = None) -> MemoryPlan | None:
