@@ -88,7 +88,7 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int, memory: Me
                            n_ubatch=memory.sizes.target_ubatch, streams=memory.streams, window=memory.ahead, kv_type=memory.kv_type,
                            kept_layers=memory.kept_layers(memory.ahead))
     if backend == "onnx":
-        from ondevice.target.onnx_target import OnnxTarget
+        from ondevice.onnx.target import OnnxTarget
 
         return OnnxTarget.from_gguf(path, n_ctx=opts.context, threads=threads)
     import torch
@@ -97,7 +97,7 @@ def _load_target(backend: str, path, opts: LoadOptions, threads: int, memory: Me
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") or opts.gpu_memory or opts.ram_memory:  # place layers within the budgets
-        from ondevice.offload.target import load_offloaded_target
+        from ondevice.target.offloaded import load_offloaded_target
 
         return load_offloaded_target(
             path, device, n_ctx=opts.context, threads=threads, gpu_memory=opts.gpu_memory, ram_memory=opts.ram_memory,

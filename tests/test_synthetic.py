@@ -269,7 +269,7 @@ def test_cli_unknown_shape_is_one_line_error():
 def test_synthetic_target_streams_from_pinned_ram_to_the_gpu(tmp_path, monkeypatch):
     """Under a --gpu-memory budget that holds 2 of 8 layers, the other 6 stream each pass: the bytes
     per pass are theirs, and both bandwidths (pinned peak, streamer's copy rate) are measured."""
-    from ondevice.offload.target import plan_offload
+    from ondevice.target.offloaded import plan_offload
     from ondevice.protocols import MAX_BUDGET
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))

@@ -35,12 +35,12 @@ def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 
 def gpu_place(model: ModelFile, device: str = "cuda", gpu_memory: str | None = None, ram_memory: str | None = None,
               n_ctx: int = 4096) -> str:
     """How the torch target would place a downloaded target's layers on the GPU: the loader's own
-    plan (offload.target.plan_offload, default budgets: free GPU memory and available RAM)."""
+    plan (target.offloaded.plan_offload, default budgets: free GPU memory and available RAM)."""
     if not hub.is_downloaded(model):
         return "planned once downloaded"
     import torch  # lazy: torch (~1 s), and the torch target's modules, only when a GPU is there to plan for
 
-    from ondevice.offload.target import plan_offload
+    from ondevice.target.offloaded import plan_offload
     from ondevice.target.torch_target import default_dtype
 
     try:

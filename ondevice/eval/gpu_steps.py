@@ -124,7 +124,7 @@ def quarter_budget(shape, device: str, n_ctx: int, max_tree: int) -> str:
     CPU path's stand-in for a GPU too small for the model)."""
     import torch
 
-    from ondevice.offload.target import meta_layouts, place_layers
+    from ondevice.target.offloaded import meta_layouts, place_layers
     from ondevice.synthetic.offloaded import model_args, virtual_index
     from ondevice.synthetic.quant_mix import preset_tensors
 

@@ -26,7 +26,7 @@ When the target streams, big trees cost little time (a pass is bound by the disk
 cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
 buffers still leave the streaming window free. The plan also says when the drafter alone is what
 keeps the target out of RAM (`--no-draft` may then be faster). On a GPU (torch target) the layers'
-tiers come from `ondevice.offload.target.plan_offload`, the placement the loader makes.
+tiers come from `ondevice.target.offloaded.plan_offload`, the placement the loader makes.
 
 The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit as
 well as available RAM. `ondevice models` calls `plan_memory` with sizes from the file header or the

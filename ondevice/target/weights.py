@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_split import SplitReader
+from ondevice.files.gguf_reader import SplitReader
 from ondevice.target.torch_model import ModelArgs
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
