@@ -13,7 +13,8 @@ import pytest
 
 import ondevice
 from ondevice import loading, pipeline
-from ondevice.plan import memory, profile as profile_store, ram
+from ondevice.machine import ram
+from ondevice.plan import memory, profile as profile_store
 from ondevice.machine.facts import measure_ram_bandwidth
 from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
 from ondevice.plan.profile import Profile, save_profile

@@ -40,8 +40,8 @@ def gpu_place(model: ModelFile, device: str = "cuda", gpu_memory: str | None = N
         return "planned once downloaded"
     import torch  # lazy: torch (~1 s), and the torch target's modules, only when a GPU is there to plan for
 
-    from ondevice.target.offloaded import plan_offload
-    from ondevice.target.torch_target import default_dtype
+    from ondevice.target.offloaded import plan_offload  # lazy: imports torch
+    from ondevice.target.torch_target import default_dtype  # lazy: imports torch
 
     try:
         plan = plan_offload(hub.local_path(model), device, default_dtype(torch.device(device)), n_ctx, gpu_memory, ram_memory, max_tree=MAX_BUDGET)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ondevice.catalog.choose import choose
 from ondevice.paths import warn, write_json
 from ondevice.quant.vocab_trim import TrimmedVocab, build_trimmed, find_trimmed, trimmed_paths
 
@@ -78,8 +79,6 @@ def trim_for_streaming(pair: str, drafter: Path, drafter_sha256: str | None, sho
 
 
 def main(argv: list[str]) -> None:
-    from ondevice.catalog.choose import choose
-
     (pair,) = argv
     models = choose(pair, None, None, True)
     record = TrimmedVocab.load(trimmed_paths(models.drafter)[1])

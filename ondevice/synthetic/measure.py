@@ -140,7 +140,7 @@ def check_fits(model: SyntheticModel, opts: LoadOptions, memory: MemoryPlan | No
     of memory (or be killed): a llama.cpp target whose memory plan has no room even to stream, a
     drafter bigger than the RAM, or the torch target on a CPU without a budget (it dequantizes every
     weight to fp32). A placement under --gpu-memory / --ram-memory plans for itself."""
-    import torch
+    import torch  # lazy: torch (~1 s) only to ask whether a GPU is there
 
     room = psutil.virtual_memory().available - RAM_MARGIN
     on_cpu = not torch.cuda.is_available() and (opts.device or "cpu").startswith("cpu")
