@@ -14,8 +14,14 @@ import ondevice
 
 ROOT = Path(ondevice.__file__).parent
 
-# Folder-level cycles allowed on purpose, as {frozenset of folders: reason}. None today.
-FOLDER_CYCLE_EXCEPTIONS: dict[frozenset[str], str] = {}
+# Module imports left out of the folder graph on purpose, each with its reason; none at module level.
+# Both sit in VocabTrim's files, which quant/ holds beside the block formats that offload/, onnx/ and
+# target/ build on, until VocabTrim moves to a package of its own (#23, in progress).
+FOLDER_EDGE_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("ondevice.quant.vocab_trim", "ondevice.target.llama_target"): "calibration answers with the llama.cpp target",
+    ("ondevice.quant.shipped_trim", "ondevice.catalog.choose"): "its maintainer script names a catalog pair, and "
+    "catalog/hub.py deletes a drafter's trimmed files (vocab_trim.trimmed_paths)",
+}
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
@@ -139,8 +145,11 @@ def test_no_module_imports_another_that_imports_it_back():
 
 
 def test_no_folder_imports_another_that_imports_it_back():
-    graph = folder_graph(import_graph())
-    components = [c for c in strongly_connected(graph) if frozenset(c) not in FOLDER_CYCLE_EXCEPTIONS]
+    modules = import_graph()
+    stale = [edge for edge in FOLDER_EDGE_EXCEPTIONS if edge[1] not in modules.get(edge[0], ())]
+    assert not stale, f"exceptions for imports that are gone (remove them): {stale}"
+    graph = folder_graph({m: {t for t in targets if (m, t) not in FOLDER_EDGE_EXCEPTIONS} for m, targets in modules.items()})
+    components = strongly_connected(graph)
     assert not components, "import cycles between folders:\n" + cycle_report(graph, components)
 
 
