@@ -18,7 +18,6 @@ from ondevice.bench.runner import BenchResult, best_of_sweep, config_name, count
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec, rounds_text
 from ondevice.cli.profile_cmd import curves_table
-from ondevice.cli.synthetic_bench import run_synthetic
 from ondevice.errors import OndeviceError
 from ondevice.loading import LoadOptions
 from ondevice.machine.facts import machine_facts
@@ -231,6 +230,8 @@ def bench(
     With --synthetic NAME: measure a model that is not downloaded (random weights, real shapes and
     GGUF block formats) — its pass-time curve on this machine."""
     if synthetic:
+        from ondevice.cli.synthetic_bench import run_synthetic  # lazy: the synthetic measurements import torch (~1 s)
+
         return run_synthetic(synthetic, parse_list(budgets, int) if budgets else None, keep, compare_real, as_json, load)
     budgets = budgets or "4,16,64"
     if prompt_set not in prompt_sets.SETS:

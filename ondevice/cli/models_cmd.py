@@ -18,7 +18,6 @@ from ondevice import paths
 from ondevice.catalog import hub, refs
 from ondevice.catalog.pairs import ModelFile, ModelPair, list_pairs, load_pair
 from ondevice.cli import options as opt
-from ondevice.cli.forecast_view import show_forecasts
 from ondevice.cli.placement_view import gpu_place, target_place
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import SPLIT_NAME, model_bytes
@@ -38,6 +37,8 @@ def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
     """List the catalog's model pairs (family, sizes, whether downloaded) and other downloaded GGUF files
     (--predict: how fast each would run here)."""
     if predict:
+        from ondevice.cli.forecast_view import show_forecasts  # lazy: the synthetic measurements import torch (~1 s)
+
         show_forecasts(list_pairs(), as_json=as_json)
         return
     if as_json:

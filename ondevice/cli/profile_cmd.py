@@ -20,7 +20,6 @@ from rich.table import Table
 from ondevice.catalog import hub
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
-from ondevice.cli.forecast_view import show_forecasts
 from ondevice.loading import LoadOptions, load_backends
 from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.backends import BackendOption, backend_options, best_backends
@@ -39,6 +38,8 @@ def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOp
     For a catalog pair that is not downloaded: its predicted speed here instead (`ondevice models
     --predict`), from synthetic curves; nothing is downloaded."""
     if load.target is None and load.drafter is None and not _downloaded(load_pair(load.pair)):
+        from ondevice.cli.forecast_view import show_forecasts  # lazy: the synthetic measurements import torch (~1 s)
+
         show_forecasts([load_pair(load.pair)], as_json, console, load)
         if not as_json:
             console.print(f"[dim]{load_pair(load.pair).name} is not downloaded: this is a prediction. "
