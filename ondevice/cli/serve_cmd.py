@@ -39,7 +39,7 @@ def serve(
     Ctrl-C or SIGTERM: waiting requests get a 503, the answer in progress may finish (30 s; a second Ctrl-C
     stops it), then the models are freed.
     """
-    from ondevice.serve.app import ServeConfig  # starlette, uvicorn, pydantic: only for this command
+    from ondevice.serve.app import ServeConfig  # lazy: starlette, uvicorn, pydantic, only for this command
     from ondevice.serve.schemas import Defaults  # lazy: pydantic, only for this command
     from ondevice.serve.server import bind, serve as run_server  # lazy: uvicorn, only for this command
 
