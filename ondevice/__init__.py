@@ -12,6 +12,6 @@ __version__ = "0.1.0"
 def load(pair: str | None = None, **options):
     """Load a model pair into a `Pipeline` (see `ondevice.loading.LoadOptions` for the options).
     Imported lazily: `import ondevice` stays cheap (no torch, no llama.cpp)."""
-    from ondevice.pipeline import load as load_pipeline
+    from ondevice.pipeline import load as load_pipeline  # lazy: `import ondevice` stays cheap (no torch, no llama.cpp)
 
     return load_pipeline(pair, **options)

@@ -18,7 +18,7 @@ import numpy as np
 from ondevice.errors import OndeviceError
 from ondevice.kvcache import kept_prefix
 from ondevice.overlap import Guess, Overlap
-from ondevice.plan.ram import disk_read_bytes
+from ondevice.machine.ram import disk_read_bytes
 from ondevice.protocols import Drafter, DraftSpec, Target, config_label
 from ondevice.tree import DraftTree
 from ondevice.verify import Sampling, verify

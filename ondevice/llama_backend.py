@@ -34,7 +34,7 @@ import numpy as np
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import OUTPUT_LAYER  # what layer_callback reports once the LM head has computed
-from ondevice.plan.hardware import default_threads
+from ondevice.machine.facts import default_threads
 
 GGUF_MAGIC = b"GGUF"
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}

@@ -12,14 +12,24 @@ from dataclasses import dataclass, replace
 
 from ondevice.catalog import refs
 from ondevice.catalog.choose import Models, choose
+from ondevice.draft.llama_drafter import LlamaDrafter
+from ondevice.draft.lookup import PromptLookupDrafter
+from ondevice.draft.router import DraftRouter
+from ondevice.vocabtrim.head import TrimmedHead
 from ondevice.errors import OndeviceError
+from ondevice.machine.facts import cuda_available, default_threads, machine_facts, physical_cores
+from ondevice.machine.ram import RamBudget, anon_rss, ram_budget
+from ondevice.paths import home
+from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.auto import CPU_MAX_TREE
-from ondevice.plan.hardware import cuda_available, default_threads, physical_cores
+from ondevice.plan.backends import best_backends
 from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
-from ondevice.plan.ram import RamBudget, anon_rss, ram_budget
+from ondevice.plan.profile import ProfileBackends, get_profile, load_profile
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.protocols import MAX_BUDGET
+from ondevice.vocabtrim.shipped import trim_for_streaming
 from ondevice.sizes import parse_size
+from ondevice.target.llama_target import LlamaTarget
 from ondevice.target.page_cache import WINDOW_AHEAD
 
 DEFAULT_CTX = 4096  # tokens of context unless --ctx, or a streaming target answering known prompts (`sized_context`)
@@ -80,24 +90,22 @@ def pick_backend(name: str) -> str:
 
 def _load_target(backend: str, path, opts: LoadOptions, threads: int, memory: MemoryPlan | None = None):
     if backend == "llama":
-        from ondevice.target.llama_target import LlamaTarget
-
         if memory is None:
             return LlamaTarget(path, n_ctx=opts.context, threads=threads)
         return LlamaTarget(path, n_ctx=opts.context, threads=threads, max_tree_nodes=memory.sizes.max_tree,
                            n_ubatch=memory.sizes.target_ubatch, streams=memory.streams, window=memory.ahead, kv_type=memory.kv_type,
                            kept_layers=memory.kept_layers(memory.ahead))
     if backend == "onnx":
-        from ondevice.target.onnx_target import OnnxTarget
+        from ondevice.onnx.target import OnnxTarget  # lazy: imports torch and ONNX Runtime (~1.4 s)
 
         return OnnxTarget.from_gguf(path, n_ctx=opts.context, threads=threads)
-    import torch
+    import torch  # lazy: torch (~1 s) only for the torch target
 
-    from ondevice.target.torch_target import TorchTarget
+    from ondevice.target.torch_target import TorchTarget  # lazy: imports torch
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") or opts.gpu_memory or opts.ram_memory:  # place layers within the budgets
-        from ondevice.offload.target import load_offloaded_target
+        from ondevice.target.offloaded import load_offloaded_target  # lazy: imports torch
 
         return load_offloaded_target(
             path, device, n_ctx=opts.context, threads=threads, gpu_memory=opts.gpu_memory, ram_memory=opts.ram_memory,
@@ -112,11 +120,9 @@ def _load_drafter(backend: str, path, opts: LoadOptions, threads: int, target_vo
     resident (read, not mapped) when the target streams."""
     vocab_trim = opts.vocab_trim if vocab_trim is None else vocab_trim
     if backend == "onnx":
-        from ondevice.draft.onnx_drafter import OnnxDrafter
+        from ondevice.draft.onnx_drafter import OnnxDrafter  # lazy: imports torch and ONNX Runtime
 
         return OnnxDrafter(path, n_ctx=opts.context, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab)
-    from ondevice.draft.llama_drafter import LlamaDrafter
-
     sized = {} if memory is None else {"max_tree": memory.sizes.max_tree, "resident": memory.streams, "kv_type": memory.kv_type,
                                        "n_batch": memory.sizes.drafter_ubatch}
     return LlamaDrafter(path, n_ctx=opts.context, threads=threads, vocab_trim=vocab_trim, target_vocab=target_vocab, **sized)
@@ -133,12 +139,6 @@ def pick_backends(opts: LoadOptions, models: Models, threads: int) -> tuple[str,
     if target is None and pick_backend("auto") == "torch":
         target = "torch"  # a GPU: the offloaded torch target (its profile is another key)
     if target is None or drafter is None:
-        from ondevice.plan.acceptance import AcceptanceTracker
-        from ondevice.plan.backends import best_backends
-        from ondevice.plan.profile import get_profile, load_profile
-        from ondevice.plan.hardware import machine_facts
-        from ondevice.paths import home
-
         planned = (target or "llama", drafter or "llama")
         memory = memory_plan(models, opts, *planned)
         drafters = CPU_BACKENDS
@@ -166,10 +166,6 @@ def streaming_profile(models: Models, planned: tuple[str, str], threads: int, op
     it probes, ONNX Runtime's when another drafter is compared — and the kernel then evicts the
     layers the plan keeps cached (README, "Larger than memory", item 5). A child's memory goes when
     it exits."""
-    from ondevice.paths import home
-    from ondevice.plan.hardware import machine_facts
-    from ondevice.plan.profile import load_profile
-
     plan = memory_plan(models, opts, *planned)
     facts, backends = machine_facts(home()), _profile_backends(models, *planned, threads, opts, memory=plan, drafters=drafters)
     found = load_profile(facts, backends)
@@ -188,8 +184,6 @@ def _measure_streaming(models: Models, planned: tuple[str, str], threads: int, o
                        compare: bool) -> None:
     """In the child process of `streaming_profile`: measure and save the profile, planned as the
     parent plans (the same process size) within what the parent leaves."""
-    from ondevice.plan.profile import get_profile
-
     try:
         memory = memory_plan(models, opts, *planned, process_bytes=process_bytes)
         get_profile(_profile_backends(models, *planned, threads, opts, memory=memory, drafters=drafters), compare=compare)
@@ -206,8 +200,6 @@ def trim_if_streaming(models: Models, opts: LoadOptions, status=None) -> None:
         return
     memory = memory_plan(models, opts, "llama", "llama")
     if memory is not None and memory.streams:
-        from ondevice.vocabtrim.shipped import trim_for_streaming
-
         trim_for_streaming(models.name, models.drafter, models.drafter_sha256, status)
 
 
@@ -242,8 +234,6 @@ def memory_plan(models: Models, opts: LoadOptions, backend: str, drafter_backend
     and ONNX targets, which plan their own memory."""
     if backend != "llama":
         return None
-    from ondevice.vocabtrim.head import TrimmedHead
-
     drafter = None
     if models.drafter is not None:  # an ONNX drafter is counted as its GGUF (its 4-bit export is smaller)
         head = TrimmedHead.find(models.drafter) if opts.vocab_trim and drafter_backend == "llama" else None
@@ -265,9 +255,6 @@ def _with_lookup(drafter, n_vocab: int, draft: bool = True):
     (by spec.builder). None for --no-draft: the target alone, the reference every test compares to."""
     if not draft:
         return None
-    from ondevice.draft.lookup import PromptLookupDrafter
-    from ondevice.draft.router import DraftRouter
-
     return DraftRouter(drafter, PromptLookupDrafter(n_vocab))
 
 
@@ -296,8 +283,6 @@ def _profile_backends(models: Models, target: str, drafter: str, threads: int, o
     CPU backends `ondevice profile` compares them with (of `drafters`). One profile file per pair and machine setup
     ("cpu-t2", "cuda-t16"; "cpu-t2-stream" when the memory plan streams the target from disk, another
     regime): every backend's curves live in it."""
-    from ondevice.plan.profile import ProfileBackends
-
     on_gpu = target == "torch" and cuda_available()
     streams = memory is not None and memory.streams
     spare_cores = physical_cores() >= 2 * threads  # the drafter would not take the target's cores

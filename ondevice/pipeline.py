@@ -24,10 +24,10 @@ from ondevice.loading import (
 )
 from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.cost_model import Plan, plan_as_dict
-from ondevice.plan.hardware import default_threads
+from ondevice.machine.facts import default_threads
 from ondevice.plan.memory import MemoryPlan
 from ondevice.plan.profile import ProfileBackends
-from ondevice.plan.ram import anon_rss, peak_rss
+from ondevice.machine.ram import anon_rss, peak_rss
 from ondevice.protocols import DEFAULT_BUDGET, DraftSpec
 from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling

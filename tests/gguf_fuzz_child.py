@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from gguf_mutants import mutants  # noqa: E402
 from ondevice.errors import OndeviceError  # noqa: E402
-from ondevice.files.gguf_split import SplitReader  # noqa: E402
+from ondevice.files.gguf_reader import SplitReader  # noqa: E402
 from ondevice.llama_backend import LlamaContext, LlamaModel, check_gguf_file  # noqa: E402
 from ondevice.plan.memory import ModelSize  # noqa: E402
 from ondevice.prompt.tokenizer import Tokenizer  # noqa: E402

@@ -14,7 +14,7 @@ from ondevice import loading, pipeline
 from ondevice.errors import OndeviceError
 from ondevice.plan import profile as profile_store
 from ondevice.plan.backends import backend_options, best_backends
-from ondevice.plan.hardware import Bandwidths, machine_facts, measure_ram_bandwidth
+from ondevice.machine.facts import Bandwidths, machine_facts, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve
 from ondevice.plan.profile import Profile, ProfileBackends, get_profile, save_profile
 from tiny_models import write_tiny_pair

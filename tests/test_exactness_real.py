@@ -21,7 +21,7 @@ import pytest
 
 import ondevice.engine
 from ondevice.engine import SpecEngine, Step
-from ondevice.eval import prompts
+from ondevice.prompt import sets as prompts
 from ondevice.eval.numerics import greedy_misses, pass_noise
 from ondevice.protocols import DraftSpec
 from ondevice.prompt.tokenizer import Tokenizer
@@ -67,7 +67,7 @@ def make_target(backend: str, path):
             return LlamaTarget(path, n_ctx=1024, threads=2, max_tree_nodes=64, n_ubatch=256, streams=True, window=2)
         return LlamaTarget(path, n_ctx=1024, threads=2)
     if backend == "onnx":
-        from ondevice.target.onnx_target import OnnxTarget
+        from ondevice.onnx.target import OnnxTarget
 
         return OnnxTarget.from_gguf(path, n_ctx=1024, threads=2)
     from ondevice.target.torch_target import TorchTarget

@@ -11,12 +11,12 @@ import sys
 import pytest
 
 from ondevice.catalog.pairs import list_pairs, load_pair
+from ondevice.bench.runner import BenchResult
+from ondevice.bench.measured import record_bench
 from ondevice.engine import Stats
-from ondevice.eval.bench import BenchResult
-from ondevice.eval.measured import record_bench
 from ondevice.loading import LoadOptions
-from ondevice.plan.forecast import forecast, plan_config
-from ondevice.plan.hardware import default_threads, machine_facts
+from ondevice.synthetic.forecast import forecast, plan_config
+from ondevice.machine.facts import default_threads, machine_facts
 from ondevice.plan.curve import LatencyCurve
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
 

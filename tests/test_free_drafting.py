@@ -213,7 +213,7 @@ def test_hybrid_and_suffix_equal_the_target_alone_on_an_agent_turn_real(real_pai
     target alone's, every token from there on must be the target's own argmax after its prefix unless
     the margin is below this machine's batch noise for passes of that size (eval/numerics.py)."""
     from ondevice.eval.numerics import greedy_misses, pass_noise
-    from ondevice.eval.prompts import AGENT_EVAL
+    from ondevice.prompt.sets import AGENT_EVAL
     from ondevice.prompt.tokenizer import Tokenizer
     from ondevice.target.llama_target import LlamaTarget
 

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from ondevice.plan import profile as profile_store
-from ondevice.plan.hardware import machine_facts, measure_disk_read, measure_ram_bandwidth
+from ondevice.machine.facts import machine_facts, measure_disk_read, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve, pass_sizes
 from ondevice.plan.latency import measure_drafter_curve, measure_target_curve
 from ondevice.plan.profile import ProfileBackends, get_profile
@@ -41,7 +41,7 @@ def test_pinned_bandwidth_on_a_gpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from ondevice.plan.hardware import measure_pinned_bandwidth
+    from ondevice.machine.facts import measure_pinned_bandwidth
 
     h2d, d2h = measure_pinned_bandwidth(64 << 20)
     assert h2d > 0.5 and d2h > 0.5  # GB/s; PCIe 3 x16 gives ~12, a broken (pageable) path still > 0.5

@@ -280,9 +280,9 @@ def test_a_downloaded_quant_reference_needs_no_hub(fake_hub, tmp_path, monkeypat
 def test_models_says_where_the_target_would_live_by_the_memory_plan(fake_hub, tmp_path):
     from tiny_models import write_tiny_gguf
 
-    from ondevice.cli.models_cmd import model_size, target_place
+    from ondevice.cli.placement_view import model_size, target_place
     from ondevice.plan.memory import plan_memory
-    from ondevice.plan.ram import RamBudget
+    from ondevice.machine.ram import RamBudget
 
     home = tmp_path / "home"
     fake_hub.publish(REPO, "big.gguf", write_tiny_gguf(tmp_path / "t.gguf", "qwen2", seed=1).read_bytes())
@@ -305,8 +305,8 @@ def test_models_gpu_column_is_the_loaders_placement(fake_hub, tmp_path, monkeypa
     import torch
     import tiny_models
 
-    from ondevice.cli.models_cmd import gpu_place
-    from ondevice.offload.target import plan_offload
+    from ondevice.cli.placement_view import gpu_place
+    from ondevice.target.offloaded import plan_offload
     from ondevice.protocols import MAX_BUDGET
 
     home = tmp_path / "home"

@@ -16,7 +16,7 @@ from ondevice.kvcache import CachedContext, TreeSlots, is_root_path, kept_prefix
 from ondevice.draft.search_tree import SearchTree
 from ondevice.onnx import export as ex
 from ondevice.onnx.decoder import OnnxDecoder
-from ondevice.target.onnx_target import OnnxTarget
+from ondevice.onnx.target import OnnxTarget
 from ondevice.target.torch_target import TorchTarget
 from ondevice.tree import DraftTree
 from tiny_models import write_tiny_gguf

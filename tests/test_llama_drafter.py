@@ -355,7 +355,8 @@ def test_chain_equals_llama_cpp_greedy_generation(real_pair, real_drafter, promp
     reference = llama_cpp_greedy(real_pair.drafter, prompt_ids, 8)
     ours = tree.tokens[1:].tolist()
     if ours != reference:  # the prompt is read in other batches: allowed only at a near-tie of llama.cpp's logits
-        from ondevice.eval.numerics import greedy_reference, pass_noise
+        from ondevice.eval.numerics import pass_noise
+        from ondevice.reference import greedy_reference
         from ondevice.target.llama_target import LlamaTarget
 
         i = next(i for i, (a, b) in enumerate(zip(ours, reference)) if a != b)

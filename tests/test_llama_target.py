@@ -41,10 +41,10 @@ def random_tree(n: int, vocab: int, seed: int) -> DraftTree:
 
 
 def test_greedy_reference_is_the_engine_alone_and_stops_after_the_end_token(tiny_path):
-    """eval.numerics.greedy_reference (VocabTrim calibration, exactness tests) against the engine
+    """reference.greedy_reference (VocabTrim calibration, exactness tests) against the engine
     decoding with the target alone: same tokens; with is_end it stops right after the first end."""
     from ondevice.engine import SpecEngine, Step
-    from ondevice.eval.numerics import greedy_reference
+    from ondevice.reference import greedy_reference
 
     target, prompt = LlamaTarget(tiny_path, n_ctx=128, threads=1), [5, 60, 61, 7, 200]
     engine = SpecEngine(target, None, lambda token: False)

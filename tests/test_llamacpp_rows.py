@@ -1,4 +1,4 @@
-"""The llama-cpp-python bench rows (eval/llamacpp_rows.py) on a tiny pair: llama-cpp-python's own
+"""The llama-cpp-python bench rows (bench/llamacpp_rows.py) on a tiny pair: llama-cpp-python's own
 greedy decoding and its speculative decoding with our greedy-chain draft model give the answer
 ondevice's target alone gives (f32 tiny models: batch noise far below their logit margins)."""
 
@@ -11,10 +11,11 @@ import pytest
 
 from ondevice.engine import SpecEngine, Step
 from ondevice.errors import OndeviceError
-from ondevice.eval import llamacpp_rows
+from ondevice.bench import llamacpp_rows
+from ondevice.eval import llamacpp_rows as rows_script
 from ondevice.target.llama_target import LlamaTarget
 from ondevice.catalog.choose import choose
-from ondevice.eval.prompts import CODE_EVAL
+from ondevice.prompt.sets import CODE_EVAL
 from ondevice.prompt.tokenizer import Tokenizer
 from tiny_models import write_tiny_gguf, write_tiny_pair
 
@@ -58,8 +59,8 @@ def test_the_rows_run_in_a_process_of_their_own_from_the_command_line(tmp_path, 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     write_tiny_pair(tmp_path, arch="llama", head_scale=3.0)
     out = tmp_path / "rows.json"
-    llamacpp_rows.main(["--pair", "tiny", "--prompts", "code", "--limit", "1", "--max-tokens", "12", "--ctx", "512", "--threads", "1",
-                        "--out", str(out)])
+    rows_script.main(["--pair", "tiny", "--prompts", "code", "--limit", "1", "--max-tokens", "12", "--ctx", "512", "--threads", "1",
+                      "--out", str(out)])
     (row,) = json.loads(out.read_text())["rows"]
     models = choose("tiny", None, None, True)
     tokenizer = Tokenizer(models.target)

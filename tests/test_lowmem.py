@@ -14,7 +14,7 @@ import pytest
 
 from ondevice.errors import OndeviceError
 from ondevice.eval import lowmem
-from ondevice.plan.ram import own_cgroup_folder
+from ondevice.machine.ram import own_cgroup_folder
 
 MiB = 1 << 20
 
@@ -29,7 +29,7 @@ def cgroups_writable() -> bool:
 
 needs_cgroup = pytest.mark.skipif(not cgroups_writable(), reason="memory cgroups are not writable here (needs root)")
 
-REPORT_BUDGET = "from ondevice.plan.ram import ram_budget; import json; b = ram_budget(); print(json.dumps([b.bytes, b.source]))"
+REPORT_BUDGET = "from ondevice.machine.ram import ram_budget; import json; b = ram_budget(); print(json.dumps([b.bytes, b.source]))"
 
 
 @needs_cgroup

@@ -7,14 +7,13 @@ import re
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.errors import OndeviceError
-from ondevice.plan import ram
+from ondevice.machine import ram
 from ondevice.plan.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
-from ondevice.plan.ram import RamBudget
+from ondevice.machine.ram import RamBudget
 from tiny_models import tiny_config, write_tiny_gguf
 
 MiB = 1 << 20

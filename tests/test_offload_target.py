@@ -17,8 +17,8 @@ import torch
 
 import tiny_models
 from ondevice.errors import OndeviceError
-from ondevice.offload import target as offload_target
-from ondevice.offload.target import load_offloaded_target, plan_offload
+from ondevice.target import offloaded as offload_target
+from ondevice.target.offloaded import load_offloaded_target, plan_offload
 from ondevice.paths import models_dir
 from ondevice.target import weights
 from ondevice.target.torch_target import TorchTarget

@@ -29,7 +29,7 @@ from ondevice.onnx.session import FALLBACK_RATIO, NBitsConfig, check_fast_kernel
 from ondevice.protocols import DraftSpec
 from ondevice.vocabtrim import build as vt
 from ondevice.target.llama_target import LlamaTarget
-from ondevice.target.onnx_target import OnnxTarget
+from ondevice.onnx.target import OnnxTarget
 from ondevice.target.torch_target import TorchTarget
 from ondevice.tree import DraftTree
 from tiny_models import write_tiny_gguf

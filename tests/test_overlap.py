@@ -249,7 +249,7 @@ def test_a_drafter_error_waits_for_the_target_pass(target, drafters):
 def test_overlap_on_the_real_pair_equals_target_alone(real_pair):
     """llama.cpp target + drafter, chain @4, 2 prompts × 32 tokens: the target alone's tokens, except
     at near-ties (top-2 margin below this machine's batch noise for passes of 5 tokens)."""
-    from ondevice.eval import prompts
+    from ondevice.prompt import sets as prompts
     from ondevice.eval.numerics import greedy_misses, pass_noise
     from ondevice.draft.llama_drafter import LlamaDrafter
     from ondevice.target.llama_target import LlamaTarget

@@ -14,7 +14,7 @@ import pytest
 
 import tiny_models
 from ondevice.target.llama_target import LlamaTarget
-from ondevice.target.page_cache import MADV_WILLNEED, LayerWindow, Span, _pieces, find_mapping, readahead_bytes
+from ondevice.target.page_cache import LayerWindow, Span, _pieces, find_mapping, readahead_bytes
 from ondevice.tree import DraftTree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise/mincore steering is Linux-only")

@@ -42,7 +42,7 @@ def tiny_home(tmp_path, monkeypatch):
 
 
 def fake_profile(backends, curves: Curves):
-    from ondevice.plan.hardware import Bandwidths, machine_facts
+    from ondevice.machine.facts import Bandwidths, machine_facts
     from ondevice.plan.profile import Profile
 
     return Profile(backends.pair, backends.backend, machine_facts(), Bandwidths(1.0, None, None, 1.0), curves, [])
@@ -128,7 +128,7 @@ def test_close_frees_models_and_threads_and_the_pair_loads_again(tmp_path, monke
     import torch
 
     from ondevice.errors import OndeviceError
-    from ondevice.offload.target import plan_offload
+    from ondevice.target.offloaded import plan_offload
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 6)  # enough layers that most can stream

@@ -1,7 +1,7 @@
 """The memory plan of a model not downloaded is the loader's plan of its file.
 
 `ondevice models` and `--predict` plan a catalog pair that is not downloaded from its shape preset
-(`ModelSize.from_shape`); the loader plans the same model from its GGUF header
+(`quant_mix.preset_size`); the loader plans the same model from its GGUF header
 (`ModelSize.from_gguf`). The reference here is a real GGUF of the preset's shape written by
 `synthetic.writer` and read back through the header reader: the two plans must agree on where the
 target lives, which layers stay cached and how many bytes a pass reads, at every RAM budget from
@@ -18,7 +18,8 @@ import re
 import pytest
 
 from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
-from ondevice.plan.ram import RamBudget
+from ondevice.machine.ram import RamBudget
+from ondevice.synthetic.quant_mix import preset_size
 from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf
 from ondevice.target.page_cache import WINDOW_AHEAD
@@ -60,7 +61,7 @@ def test_a_preset_is_planned_as_its_written_file(tmp_path, shape):
     target_file = write_synthetic_gguf(shape, tmp_path / "target.gguf", show=False)
     drafter_file = write_synthetic_gguf(drafter_shape, tmp_path / "drafter.gguf", show=False)
     from_header = ModelSize.from_gguf(target_file), ModelSize.from_gguf(drafter_file)
-    from_preset = ModelSize.from_shape(shape, target_file.stat().st_size), ModelSize.from_shape(drafter_shape, drafter_file.stat().st_size)
+    from_preset = preset_size(shape, target_file.stat().st_size), preset_size(drafter_shape, drafter_file.stat().st_size)
     assert from_preset[0].layer_bytes == from_header[0].layer_bytes and len(from_preset[0].layer_bytes) == shape.n_layers
     assert (from_preset[0].head_bytes, from_preset[0].embd_bytes) == (from_header[0].head_bytes, from_header[0].embd_bytes)
     budgets = budgets_for(*from_header)
@@ -76,7 +77,7 @@ def test_a_pair_not_downloaded_keeps_layers_cached(tmp_path, monkeypatch):
     """The issue's case: llama3.3-70b (42 GB) with ~22 GB of RAM; planned without per-layer sizes it
     read the whole file every pass, the loader keeps about half of it cached."""
     from ondevice.catalog.pairs import load_pair
-    from ondevice.cli.models_cmd import model_size, target_place
+    from ondevice.cli.placement_view import model_size, target_place
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))  # nothing downloaded
     pair = load_pair("llama3.3-70b")

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from ondevice.eval import prompts
+from ondevice.prompt import sets as prompts
 from tiny_models import write_tiny_pair
 
 

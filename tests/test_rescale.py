@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from ondevice.engine import RoundReport, SpecEngine, Step
 from ondevice.plan import auto as autoplan
-from ondevice.plan.acceptance import default_p_rank
 from ondevice.plan.cost_model import choose_plan
-from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
+from ondevice.plan.curve import Curves, LatencyCurve
 from ondevice.plan.rescale import PassTimes
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree

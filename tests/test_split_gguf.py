@@ -17,9 +17,10 @@ from test_offload_target import budgets, run_and_compare
 from test_torch_target import llama_cpp_logits
 
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_split import SplitReader, part_paths
+from ondevice.files.gguf_reader import SplitReader
+from ondevice.files.gguf_split import part_paths
 from ondevice.offload.layout import gguf_tensor_index
-from ondevice.offload.target import load_offloaded_target
+from ondevice.target.offloaded import load_offloaded_target
 from ondevice.target.torch_target import TorchTarget
 
 N_LAYERS, N_CTX = 6, 64

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ondevice.eval.measured import load_measured, measured_path, record_bench
+from ondevice.bench.measured import load_measured, measured_path, record_bench
 from ondevice.paths import read_state, write_json
 from ondevice.plan.acceptance import AcceptanceTracker, acceptance_dir
 from ondevice.plan.fallback import LookupTracker
@@ -91,7 +91,7 @@ def test_profile_of_the_wrong_shape_is_replaced(used_home, tmp_path, monkeypatch
     it, removed, and the planner goes on without one."""
     from ondevice.loading import LoadOptions, load_backends
     from ondevice.plan.profile import profile_path, saved_profile
-    from ondevice.plan.hardware import machine_facts
+    from ondevice.machine.facts import machine_facts
 
     home = tmp_path / "home"
     shutil.copytree(used_home[0], home)

@@ -13,9 +13,10 @@ import pytest
 
 import ondevice
 from ondevice import loading, pipeline
-from ondevice.plan import memory, profile as profile_store, ram
-from ondevice.plan.hardware import measure_ram_bandwidth
-from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
+from ondevice.machine import ram
+from ondevice.plan import memory, profile as profile_store
+from ondevice.machine.facts import measure_ram_bandwidth
+from ondevice.plan.memory import MARGIN, ModelSize
 from ondevice.plan.profile import Profile, save_profile
 from ondevice.protocols import DraftSpec
 from ondevice.vocabtrim import build, shipped

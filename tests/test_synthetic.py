@@ -31,7 +31,7 @@ from ondevice.synthetic.quant_mix import file_bytes, preset_tensors
 from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.sources import from_preset, matching_preset, resolve, tensors_of_gguf
 from ondevice.synthetic.writer import write_synthetic_gguf
-from ondevice.plan.hardware import machine_facts
+from ondevice.machine.facts import machine_facts
 from ondevice.target import weights
 from ondevice.target.torch_target import TorchTarget
 from ondevice.tree import DraftTree
@@ -208,7 +208,7 @@ def test_disk_tier_reports_the_bytes_read_from_disk_per_pass(tmp_path, monkeypat
 
 def test_what_would_not_fit_is_refused_before_it_is_written(tmp_path, monkeypatch):
     from ondevice import loading
-    from ondevice.plan.ram import RamBudget
+    from ondevice.machine.ram import RamBudget
     from ondevice.synthetic import measure as measure_module
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
@@ -269,7 +269,7 @@ def test_cli_unknown_shape_is_one_line_error():
 def test_synthetic_target_streams_from_pinned_ram_to_the_gpu(tmp_path, monkeypatch):
     """Under a --gpu-memory budget that holds 2 of 8 layers, the other 6 stream each pass: the bytes
     per pass are theirs, and both bandwidths (pinned peak, streamer's copy rate) are measured."""
-    from ondevice.offload.target import plan_offload
+    from ondevice.target.offloaded import plan_offload
     from ondevice.protocols import MAX_BUDGET
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))

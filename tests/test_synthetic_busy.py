@@ -14,12 +14,11 @@ import os
 import subprocess
 import sys
 
-import pytest
 from rich.console import Console
 
 from ondevice.loading import LoadOptions
 from ondevice.plan import timing
-from ondevice.plan.hardware import machine_facts
+from ondevice.machine.facts import machine_facts
 from ondevice.synthetic.cache import load_measurement
 from ondevice.synthetic.measure import busy_line, measure
 from ondevice.synthetic.shapes import ModelShape

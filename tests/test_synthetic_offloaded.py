@@ -3,7 +3,7 @@ of the same shape gives the loader: the same hyper-parameters as its header says
 placement under the same budgets, and (exact=True) bit-identical logits while streaming.
 
 The reference is independent of the builder: a GGUF written by `synthetic.writer`, read back by
-gguf's reader and loaded by `offload.target.load_offloaded_target` (numpy dequantization for the
+gguf's reader and loaded by `target.offloaded.load_offloaded_target` (numpy dequantization for the
 resident tensors, file reads for the streamed layers)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.offload.target import load_offloaded_target, plan_offload
+from ondevice.target.offloaded import load_offloaded_target, plan_offload
 from ondevice.synthetic.offloaded import model_args, offloaded_target
 from ondevice.synthetic.shapes import ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf

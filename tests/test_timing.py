@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from ondevice.plan.curve import LatencyCurve
 from ondevice.plan.timing import CpuMeter, Sample, Timing, time_sizes

@@ -14,11 +14,11 @@ from ondevice.errors import OndeviceError
 from ondevice.eval.numerics import (
     batch_noise_by_size,
     greedy_misses,
-    greedy_reference,
     logits_one_by_one,
     measure_batch_noise,
     top2_margin,
 )
+from ondevice.reference import greedy_reference
 from ondevice.target import torch_target, weights
 from ondevice.target.torch_model import ModelArgs
 from ondevice.target.torch_target import TorchTarget

@@ -21,6 +21,7 @@ from ondevice.catalog import hub, refs
 from ondevice.catalog.pairs import list_pairs, load_pair
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import SPLIT_NAME, model_bytes, part_paths
+from ondevice.prompt.tokenizer import Tokenizer, vocab_mismatch
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,6 @@ def _same(a: Path, b: Path) -> bool:
 
 def auto_drafter(target: Path, console: Console) -> Path | None:
     """A drafter for `target` (see the module docstring), said on the console; None if there is none."""
-    from ondevice.prompt.tokenizer import Tokenizer, vocab_mismatch
-
     target_tok = Tokenizer(target)
     for pair in list_pairs():  # 1. this file is a catalog target
         if _same(hub.local_path(pair.target), target):

@@ -48,6 +48,7 @@ from ondevice.catalog import hf_source, pypi_parts, verified
 from ondevice.catalog.models_folder import check_free_space, check_writable, download_lock
 from ondevice.catalog.pairs import ModelFile, ModelPair, Part
 from ondevice.errors import OndeviceError
+from ondevice.vocabtrim.build import trimmed_paths
 
 CHUNK_BYTES = 4 << 20
 
@@ -157,8 +158,6 @@ def downloaded_bytes(model_file: ModelFile) -> int:
 def local_files(model_file: ModelFile) -> list[Path]:
     """Everything on disk that belongs to the model: its parts and their markers, locks, partial
     downloads and staging folders, and a VocabTrim head built from it."""
-    from ondevice.vocabtrim.build import trimmed_paths
-
     found = []
     for part in model_file.parts():
         path = part_path(part)

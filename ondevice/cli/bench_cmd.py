@@ -12,16 +12,18 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ondevice.eval import prompts as prompt_sets
-from ondevice.eval.bench import BenchResult, best_of_sweep, config_name, count_same, forget_session, keep_fastest, run_config
-from ondevice.eval.llamacpp_rows import llamacpp_name
-from ondevice.eval.measured import record_bench
+from ondevice.bench import llamacpp_rows
+from ondevice.bench.measured import record_bench
+from ondevice.bench.runner import BenchResult, best_of_sweep, config_name, count_same, forget_session, keep_fastest, run_config
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec, rounds_text
+from ondevice.cli.profile_cmd import curves_table
 from ondevice.errors import OndeviceError
 from ondevice.loading import LoadOptions
-from ondevice.plan.hardware import machine_facts
-from ondevice.plan.ram import peak_rss
+from ondevice.machine.facts import machine_facts
+from ondevice.machine.ram import peak_rss
+from ondevice.plan.profile import get_profile
+from ondevice.prompt import sets as prompt_sets
 from ondevice.verify import Sampling
 
 
@@ -117,9 +119,6 @@ def parse_backends(text: str) -> list[tuple[str, str]]:
 
 def measure_curves(pipe, as_json: bool) -> dict:
     """Measure every CPU backend's curves now (the same run as the rows after them); print them."""
-    from ondevice.cli.profile_cmd import curves_table
-    from ondevice.plan.profile import get_profile
-
     with err.status("measuring the backends' latency curves…"):
         profile, _ = get_profile(pipe.backends, refresh=True, show=False, compare=True)
     if not as_json:
@@ -166,10 +165,8 @@ def bench_specs(pipe, ids: list[list[int]], specs, max_tokens: int, sampling: Sa
 
 
 def run_baselines(names: list[str], pipe, ids, max_tokens: int, reference, as_json: bool) -> list[BenchResult]:
-    """llama-cpp-python's rows (eval/llamacpp_rows.py) on the same prompts under the same limit; the
+    """llama-cpp-python's rows (bench/llamacpp_rows.py) on the same prompts under the same limit; the
     pipeline's models are freed first, so they do not share the RAM with them."""
-    from ondevice.eval import llamacpp_rows
-
     models, n_ctx, threads = pipe.pair, pipe.engine.target.n_ctx, pipe.info["threads"]
     pipe.engine.close()  # the models go; the tokenizer stays (is_end)
     rows = []
@@ -233,7 +230,7 @@ def bench(
     With --synthetic NAME: measure a model that is not downloaded (random weights, real shapes and
     GGUF block formats) — its pass-time curve on this machine."""
     if synthetic:
-        from ondevice.cli.synthetic_bench import run_synthetic
+        from ondevice.cli.synthetic_bench import run_synthetic  # lazy: the synthetic measurements import torch (~1 s)
 
         return run_synthetic(synthetic, parse_list(budgets, int) if budgets else None, keep, compare_real, as_json, load)
     budgets = budgets or "4,16,64"
@@ -248,7 +245,7 @@ def bench(
     pairs = parse_backends(backends) if backends else [None]
     texts = prompt_sets.SETS[prompt_set][: limit or None]
     load = replace(load, prompts=tuple(texts), max_tokens=max_tokens)  # a streaming target's context is sized to them
-    names = [llamacpp_name(n) for n in parse_list(baselines)] if baselines else []
+    names = [llamacpp_rows.llamacpp_name(n) for n in parse_list(baselines)] if baselines else []
     best, report, curves, reference = {}, None, None, None  # best: config -> its fastest round
     for round_no in range(rounds):
         for i, pair in enumerate(pairs):

@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ondevice.catalog.pairs import ModelPair
+from ondevice.cli.placement_view import target_place
 from ondevice.loading import LoadOptions
-from ondevice.cli.models_cmd import target_place
+from ondevice.machine.ram import ram_budget
 from ondevice.plan.acceptance import MEASURED_PRIOR
-from ondevice.plan.ram import ram_budget
-from ondevice.plan.forecast import Forecast, forecast, plan_config
+from ondevice.synthetic.forecast import Forecast, forecast, plan_config
 
 
 def show_forecasts(pairs: list[ModelPair], as_json: bool = False, out: Console | None = None, opts: LoadOptions | None = None) -> list[Forecast]:

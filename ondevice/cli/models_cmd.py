@@ -18,14 +18,12 @@ from ondevice import paths
 from ondevice.catalog import hub, refs
 from ondevice.catalog.pairs import ModelFile, ModelPair, list_pairs, load_pair
 from ondevice.cli import options as opt
+from ondevice.cli.placement_view import gpu_place, target_place
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import SPLIT_NAME, model_bytes
-from ondevice.plan.memory import ModelSize, plan_memory
-from ondevice.plan.ram import RamBudget, ram_budget
-from ondevice.target.page_cache import WINDOW_AHEAD
+from ondevice.machine.facts import cuda_available
+from ondevice.machine.ram import ram_budget
 from ondevice.sizes import format_bytes
-from ondevice.synthetic.shapes import find_shape
-
 
 
 PredictOption = Annotated[
@@ -39,7 +37,7 @@ def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
     """List the catalog's model pairs (family, sizes, whether downloaded) and other downloaded GGUF files
     (--predict: how fast each would run here)."""
     if predict:
-        from ondevice.cli.forecast_view import show_forecasts
+        from ondevice.cli.forecast_view import show_forecasts  # lazy: the synthetic measurements import torch (~1 s)
 
         show_forecasts(list_pairs(), as_json=as_json)
         return
@@ -53,7 +51,7 @@ def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
     for column, justify in (("name", "left"), ("family", "left"), ("target", "left"), ("size", "right"),
                             ("drafter", "left"), ("size ", "right"), ("downloaded", "left"), ("on this machine", "left")):
         table.add_column(column, justify=justify, no_wrap=column not in ("target", "on this machine"), overflow="fold")
-    gpu = _has_gpu()
+    gpu = cuda_available()
     for pair in sorted(list_pairs(), key=lambda p: (not p.default, p.family, _bytes(p.target) or 0, p.name)):
         place = target_place(pair, budget) + (f"; GPU: {gpu_place(pair.target)}" if gpu else "")
         table.add_row(
@@ -97,57 +95,6 @@ def rm(
     for path in doomed:
         hub.remove_path(path)
     console.print(f"deleted {len(doomed)} files ({format_bytes(size)}) of {name}", markup=False, highlight=False)
-
-
-def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 4096) -> str:
-    """Where the pair's target would live here, by plan/memory.py: in RAM, or streamed from disk.
-    Sizes from the downloaded files' headers, else from the catalog's shape preset and size."""
-    try:
-        target, drafter = model_size(pair.target), model_size(pair.drafter)
-    except OndeviceError:  # a downloaded file whose header cannot be read: the listing goes on
-        return "? (unreadable GGUF header)"
-    if target is None:
-        return "?"
-    plan = plan_memory(target, drafter, n_ctx=n_ctx, budget=budget, ahead=WINDOW_AHEAD)  # as the loader plans it
-    if plan.target_in_ram:
-        return "fits in RAM"
-    over = " (over budget: heavy paging)" if plan.cache_room < plan.target.streamed_window else ""
-    return f"streams from disk, {format_bytes(plan.bytes_read_per_pass)} per pass{over}"
-
-
-def gpu_place(model: ModelFile, device: str = "cuda", gpu_memory: str | None = None, ram_memory: str | None = None,
-              n_ctx: int = 4096) -> str:
-    """How the torch target would place a downloaded target's layers on the GPU: the loader's own
-    plan (offload.target.plan_offload, default budgets: free GPU memory and available RAM)."""
-    if not hub.is_downloaded(model):
-        return "planned once downloaded"
-    import torch
-
-    from ondevice.offload.target import plan_offload
-    from ondevice.protocols import MAX_BUDGET
-    from ondevice.target.torch_target import default_dtype
-
-    try:
-        plan = plan_offload(hub.local_path(model), device, default_dtype(torch.device(device)), n_ctx, gpu_memory, ram_memory, max_tree=MAX_BUDGET)
-    except OndeviceError as err:  # an architecture the torch target does not run, a budget too small
-        return str(err)
-    return plan.placement.describe()
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def model_size(model: ModelFile) -> ModelSize | None:
-    """What the memory plan needs of a model: its GGUF header if downloaded, else its shape preset
-    (every tensor's bytes in the quant mix, as the header will say) and the catalog's file size."""
-    if hub.is_downloaded(model):
-        return ModelSize.from_gguf(hub.local_path(model))
-    if model.shape is None:
-        return None
-    return ModelSize.from_shape(find_shape(model.shape), model.size or model.approx_size)
 
 
 def files_to_remove(pair: ModelPair) -> tuple[list[Path], list[tuple[Path, list[str]]]]:

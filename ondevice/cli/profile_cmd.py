@@ -38,7 +38,7 @@ def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOp
     For a catalog pair that is not downloaded: its predicted speed here instead (`ondevice models
     --predict`), from synthetic curves; nothing is downloaded."""
     if load.target is None and load.drafter is None and not _downloaded(load_pair(load.pair)):
-        from ondevice.cli.forecast_view import show_forecasts
+        from ondevice.cli.forecast_view import show_forecasts  # lazy: the synthetic measurements import torch (~1 s)
 
         show_forecasts([load_pair(load.pair)], as_json, console, load)
         if not as_json:

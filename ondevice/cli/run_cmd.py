@@ -12,7 +12,7 @@ from ondevice.cli import options as opt
 from ondevice.cli.decoding import err, load_pipeline, make_spec, stats_line
 from ondevice.engine import Stats
 from ondevice.loading import LoadOptions
-from ondevice.plan.ram import peak_rss
+from ondevice.machine.ram import peak_rss
 from ondevice.verify import Sampling
 
 

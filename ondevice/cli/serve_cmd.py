@@ -39,9 +39,9 @@ def serve(
     Ctrl-C or SIGTERM: waiting requests get a 503, the answer in progress may finish (30 s; a second Ctrl-C
     stops it), then the models are freed.
     """
-    from ondevice.serve.app import ServeConfig  # starlette, uvicorn, pydantic: only for this command
-    from ondevice.serve.schemas import Defaults
-    from ondevice.serve.server import bind, serve as run_server
+    from ondevice.serve.app import ServeConfig  # lazy: starlette, uvicorn, pydantic, only for this command
+    from ondevice.serve.schemas import Defaults  # lazy: pydantic, only for this command
+    from ondevice.serve.server import bind, serve as run_server  # lazy: uvicorn, only for this command
 
     sampling = Sampling(temperature, top_p, top_k, seed or 0)  # bad options fail before loading
     spec = make_spec(tree, budget, not load.draft, sampling)

@@ -22,9 +22,15 @@ import os
 import platform
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import psutil
+
+from ondevice.machine.facts import measure_pinned_bandwidth
 from ondevice.plan.curve import powers_of_two
+from ondevice.plan.latency import TargetPasses
+from ondevice.plan.timing import run_steps, timing_steps
 
 TARGET_SIZES = powers_of_two(2048)  # tokens per target pass, as `ondevice bench --synthetic` times a GPU target
 DRAFT_SIZES = powers_of_two(128)  # draft call vs batch, as `ondevice profile` times a drafter
@@ -35,7 +41,7 @@ CONTEXT_TOKENS = 64  # the context each timed pass attends to (latency.TargetPas
 def check_shapes(tiny: bool) -> dict:
     """Name → ModelShape of the models the check measures: the presets, or (tiny, for a CPU) the
     same architectures, head tying and quant at a few layers and a small width."""
-    from ondevice.synthetic.shapes import PRESETS
+    from ondevice.synthetic.shapes import PRESETS  # lazy: reads GGUFs with the gguf package, only for the model steps
 
     names = ("qwen2.5-32b", "llama-3.3-70b", "qwen2.5-0.5b", "llama-3.2-1b")
     if not tiny:
@@ -50,8 +56,7 @@ def check_shapes(tiny: bool) -> dict:
 
 def facts() -> dict:
     """The machine and what is installed (versions, not yet any measurement)."""
-    import psutil
-    import torch
+    import torch  # lazy: torch only in the steps that use it (module docstring)
 
     cuda = torch.cuda.is_available()
     props = torch.cuda.get_device_properties(0) if cuda else None
@@ -65,8 +70,6 @@ def facts() -> dict:
 
 
 def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(package)
     except PackageNotFoundError:
@@ -75,8 +78,6 @@ def _version(package: str) -> str | None:
 
 def bandwidth() -> dict:
     """Pinned host↔device copy rates (1 GiB, best of 5), the peak a streamed pass can reach."""
-    from ondevice.plan.hardware import measure_pinned_bandwidth
-
     h2d, d2h = measure_pinned_bandwidth(1 << 30, repeats=5)
     return {"host_to_device_gbps": h2d, "device_to_host_gbps": d2h, "bytes": 1 << 30}
 
@@ -84,9 +85,7 @@ def bandwidth() -> dict:
 def time_model(shape, role: str, device: str, gpu_memory: str | None, seconds: float, out: Path, tiny: bool) -> dict:
     """Build the synthetic model (a target streamed within `gpu_memory`, or a drafter resident) and
     time passes vs tokens, stopping early enough to end within `seconds`."""
-    from ondevice.plan.latency import TargetPasses
-    from ondevice.plan.timing import run_steps, timing_steps
-    from ondevice.synthetic.offloaded import offloaded_target
+    from ondevice.synthetic.offloaded import offloaded_target  # lazy: torch and gguf, only in this step
 
     start = time.monotonic()
     sizes = (TINY_TARGET_SIZES if tiny else TARGET_SIZES) if role == "target" else (TINY_DRAFT_SIZES if tiny else DRAFT_SIZES)
@@ -122,11 +121,11 @@ def time_model(shape, role: str, device: str, gpu_memory: str | None, seconds: f
 def quarter_budget(shape, device: str, n_ctx: int, max_tree: int) -> str:
     """A device budget that keeps about a quarter of the layers resident and streams the rest (the
     CPU path's stand-in for a GPU too small for the model)."""
-    import torch
+    import torch  # lazy: torch and gguf only in the model steps (module docstring)
 
-    from ondevice.offload.target import meta_layouts, place_layers
-    from ondevice.synthetic.offloaded import model_args, virtual_index
-    from ondevice.synthetic.quant_mix import preset_tensors
+    from ondevice.synthetic.offloaded import model_args, virtual_index  # lazy: as torch
+    from ondevice.synthetic.quant_mix import preset_tensors  # lazy: as torch
+    from ondevice.target.offloaded import meta_layouts, place_layers  # lazy: as torch
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     model, layouts = meta_layouts(model_args(shape), dtype, torch.float32, virtual_index(preset_tensors(shape)))
@@ -137,8 +136,7 @@ def quarter_budget(shape, device: str, n_ctx: int, max_tree: int) -> str:
 
 def placement_record(target) -> dict:
     """Where the layers went, and what the pinned-memory allocator really holds beside what was planned."""
-    import psutil
-    import torch
+    import torch  # lazy: torch only in the model steps (module docstring)
 
     placement = target.placement
     stats = torch.cuda.host_memory_stats() if target.device.type == "cuda" and hasattr(torch.cuda, "host_memory_stats") else {}
@@ -166,7 +164,7 @@ def streamer_record(target, first_pass_seconds: float) -> dict:
 
 
 def _sync(device: str) -> None:
-    import torch
+    import torch  # lazy: torch only in the model steps (module docstring)
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()

@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 
 from ondevice.errors import OndeviceError
-from ondevice.plan import ram
-from ondevice.plan.hardware import drop_page_cache
+from ondevice.machine import ram
+from ondevice.machine.facts import drop_page_cache
+from ondevice.paths import home
 from ondevice.sizes import format_bytes, parse_size
 
 NOT_CONSTRAINED = 3
@@ -109,8 +110,6 @@ def _keyed(path: Path) -> dict[str, int]:
 
 
 def model_files() -> list[Path]:
-    from ondevice.paths import home
-
     return sorted((home() / "models").glob("*.gguf"))
 
 

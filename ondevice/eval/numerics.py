@@ -9,11 +9,19 @@ against it (DESIGN.md, "Exactness and numerics").
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import argparse
+from typing import Sequence
 
 import numpy as np
 
+from ondevice.catalog.hub import ensure_pair
+from ondevice.catalog.pairs import load_pair
+from ondevice.machine.facts import machine_facts
+from ondevice.prompt.sets import CHAT_EVAL, CODE_EVAL
+from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.protocols import Target
+from ondevice.reference import greedy_reference
+from ondevice.target.llama_target import LlamaTarget
 from ondevice.tree import DraftTree
 
 
@@ -21,22 +29,6 @@ def top2_margin(logits_row: np.ndarray) -> float:
     """Top-1 minus top-2 logit of one (vocab,) row: how far greedy decoding is from a tie."""
     top2 = np.partition(np.asarray(logits_row, dtype=np.float64), -2)[-2:]
     return float(top2[1] - top2[0])
-
-
-def greedy_reference(
-    target: Target, prompt: Sequence[int], max_new: int, is_end: Callable[[int], bool] | None = None
-) -> list[int]:
-    """The target alone, greedy, one token per pass: max_new tokens, or fewer ending with the first
-    end token when `is_end` is given. The cache ends holding prompt + output[:-1]."""
-    target.truncate(0)
-    target.prefill(prompt[:-1])
-    root, out = prompt[-1], []
-    while len(out) < max_new and not (out and is_end is not None and is_end(root)):
-        logits = target.forward_tree(DraftTree.root_only(root))[0]  # the prediction after `root`
-        target.commit([0])
-        root = int(np.argmax(logits))
-        out.append(root)
-    return out
 
 
 def logits_one_by_one(target: Target, tokens: Sequence[int]) -> np.ndarray:
@@ -146,15 +138,6 @@ def noise_by_size(target: Target, prompts: Sequence[Sequence[int]], sizes: Seque
 
 
 def main() -> None:
-    import argparse
-
-    from ondevice.catalog.hub import ensure_pair
-    from ondevice.catalog.pairs import load_pair
-    from ondevice.eval.prompts import CHAT_EVAL, CODE_EVAL
-    from ondevice.plan.hardware import machine_facts
-    from ondevice.target.llama_target import LlamaTarget
-    from ondevice.prompt.tokenizer import Tokenizer
-
     parser = argparse.ArgumentParser(description="This machine's batch noise: logits of passes of n tokens vs one token at a time.")
     parser.add_argument("--sizes", default="2,8,64", help="pass sizes, comma-separated (at most 64)")
     parser.add_argument("--torch", action="store_true", help="also the 1.5B in our PyTorch target, fp32 (~1 min to load)")
@@ -169,7 +152,7 @@ def main() -> None:
     runs = [("llama.cpp 1.5B", lambda: LlamaTarget(pair.target, n_ctx=512, threads=2)),
             ("llama.cpp 0.5B", lambda: LlamaTarget(pair.drafter, n_ctx=512, threads=2))]  # fmt: skip
     if args.torch:
-        from ondevice.target.torch_target import TorchTarget
+        from ondevice.target.torch_target import TorchTarget  # lazy: torch (~1 s) only with --torch
 
         runs.append(("torch fp32 1.5B", lambda: TorchTarget.from_gguf(pair.target, n_ctx=512, threads=2)))
     for name, make in runs:

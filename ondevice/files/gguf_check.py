@@ -6,7 +6,7 @@ type). That is not enough for llama.cpp: its model loader *asserts* some facts a
 an assert aborts the whole process (SIGABRT and a backtrace, no error to catch) — `block_count` =
 2^31-1 against LLAMA_MAX_LAYERS, an expert count past LLAMA_MAX_EXPERTS, an unknown RoPE scaling
 name, two tokens with the same text. So before any llama.cpp load (`llama_backend.load_model`, every
-model and vocabulary goes through it) and before gguf-py parses a file (`gguf_split.SplitReader`),
+model and vocabulary goes through it) and before gguf-py parses a file (`gguf_reader.SplitReader`),
 `check_model_file(path)` reads the header and checks those facts, plus the hyperparameters our own
 code reads as integers. The verdict is kept per file version (path, size, mtime, ctime, inode) for
 the life of the process, so a file loaded four times (two vocabularies, two models) is read once.

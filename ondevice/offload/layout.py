@@ -23,7 +23,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from ondevice.files.gguf_split import SplitReader
+from ondevice.files.gguf_reader import SplitReader
 from ondevice.quant import gguf_blocks, groupwise
 from ondevice.quant.groupwise import GroupSpec
 
@@ -116,7 +116,7 @@ class GGUFTensorInfo:
 
 def gguf_tensor_index(path_or_reader) -> dict[str, GGUFTensorInfo]:
     """Every tensor of a GGUF model (all parts if split): where its bytes are and how they are encoded.
-    Takes a path or a gguf_split.SplitReader already open (parsing a header takes seconds)."""
+    Takes a path or a gguf_reader.SplitReader already open (parsing a header takes seconds)."""
     reader = path_or_reader if isinstance(path_or_reader, SplitReader) else SplitReader(path_or_reader)
     part_of = {path: i for i, path in enumerate(reader.parts)}
     return {

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 from onnx import TensorProto, helper
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ondevice.errors import OndeviceError
 from ondevice.onnx import graph as G
@@ -61,8 +64,6 @@ def export_dir(gguf_path: str | Path) -> Path:
 
 
 def _identity(gguf_path: Path, accuracy_level: int) -> dict:
-    import onnxruntime
-
     st = gguf_path.stat()
     return {"format": FORMAT_VERSION, "gguf": [gguf_path.name, st.st_size, st.st_mtime_ns], "onnxruntime": onnxruntime.__version__,
             "accuracy_level": accuracy_level}  # fmt: skip
@@ -231,9 +232,6 @@ def _write(graph_fn, path: Path, accuracy_level: int) -> None:
 
 
 def _build_body(source: GGUFWeights, args: ModelArgs, path: Path, accuracy_level: int, show: bool, label: str) -> None:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("layers"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), disable=not show, transient=True) as progress:
         task = progress.add_task(f"exporting {label} to ONNX (once)", total=args.n_layers)

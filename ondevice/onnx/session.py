@@ -1,7 +1,7 @@
 """ONNX Runtime sessions, set up in one place: threads, spinning, graph optimizations — and the check
 that every MatMulNBits node runs a fast integer kernel.
 
-Threads: `plan.hardware.default_threads()` (physical cores this process may use) unless told; the
+Threads: `machine.facts.default_threads()` (physical cores this process may use) unless told; the
 threads inherit the process's CPU affinity (taskset, cgroups), so ORT pins nothing itself. Intra-op
 threads do not spin while idle: the drafter (llama.cpp or ORT) and the target take turns on the same
 cores, and a spinning pool would steal the other's time between calls.
@@ -28,7 +28,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from ondevice.errors import OndeviceError
-from ondevice.plan.hardware import default_threads
+from ondevice.machine.facts import default_threads
 
 FALLBACK_RATIO = 2.0  # slower than this × a float MatMul: the dequantize-everything fallback
 

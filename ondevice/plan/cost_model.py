@@ -39,7 +39,7 @@ from ondevice.plan.sequoia import MAX_DEPTH, chain_tokens_per_pass, sequoia_tabl
 from ondevice.protocols import DraftSpec
 
 # drafted nodes per pass: those whose pass (with the root) is one a profile times — 2^k or 2^k + 1
-# nodes (hardware.pass_sizes): filled to a tile edge, or one past it, priced as measured
+# nodes (curve.pass_sizes): filled to a tile edge, or one past it, priced as measured
 BUDGETS = tuple(n - 1 for n in pass_sizes(1025) if n > 1)
 
 

@@ -26,7 +26,7 @@ When the target streams, big trees cost little time (a pass is bound by the disk
 cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
 buffers still leave the streaming window free. The plan also says when the drafter alone is what
 keeps the target out of RAM (`--no-draft` may then be faster). On a GPU (torch target) the layers'
-tiers come from `ondevice.offload.target.plan_offload`, the placement the loader makes.
+tiers come from `ondevice.target.offloaded.plan_offload`, the placement the loader makes.
 
 The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit as
 well as available RAM. `ondevice models` calls `plan_memory` with sizes from the file header or the
@@ -43,7 +43,7 @@ import psutil
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import OUTPUT_LAYER
-from ondevice.plan.ram import RamBudget, anon_rss, ram_budget
+from ondevice.machine.ram import RamBudget, anon_rss, ram_budget
 from ondevice.sizes import format_bytes
 
 F32, F16 = 4, 2
@@ -76,7 +76,7 @@ def tensor_bytes(nbytes: dict[str, int]) -> dict[str, object]:
 class ModelSize:
     """What a model's memory depends on: its file, and the shapes that size its KV cache and logits.
     From a GGUF header (`from_gguf`, any architecture llama.cpp runs) or an architecture preset
-    (`from_shape`, for a model not downloaded: ondevice.synthetic.shapes)."""
+    (`ondevice.synthetic.quant_mix.preset_size`, for a model not downloaded)."""
 
     file_bytes: int  # the weights as stored (all parts of a split model)
     n_layers: int
@@ -105,28 +105,6 @@ class ModelSize:
             n_head_kv=int(header.arch_value("attention.head_count_kv", n_head)),
             head_dim=int(header.arch_value("attention.key_length", n_embd // max(n_head, 1))),
             n_vocab=header.n_vocab, **tensor_bytes({name: t.nbytes for name, t in header.tensors.items()}),
-        )
-
-    @classmethod
-    def from_shape(cls, shape, file_bytes: int | None = None) -> "ModelSize":
-        """From an `ondevice.synthetic.shapes.ModelShape` (a model not downloaded): every tensor's bytes
-        in the shape's quant mix, the types llama.cpp's quantizer gives each (`synthetic.quant_mix`),
-        so the plan sees the layers, LM head and embeddings its file will hold. file_bytes: the file's
-        size when known (the catalog's, header included), else the tensor data alone."""
-        from ondevice.synthetic.quant_mix import preset_tensors
-
-        return cls.from_tensors(shape, preset_tensors(shape), file_bytes)
-
-    @classmethod
-    def from_tensors(cls, shape, tensors, file_bytes: int | None = None) -> "ModelSize":
-        """From a shape and its tensor list (`synthetic.quant_mix.TensorSpec`s: name, shape, type), as
-        `from_gguf` reads a header; file_bytes default: the tensor data, padded as a GGUF pads it."""
-        from ondevice.synthetic.quant_mix import file_bytes as data_bytes
-
-        tensors = list(tensors)
-        return cls(
-            data_bytes(tensors) if file_bytes is None else file_bytes, shape.n_layers, shape.dim, shape.n_heads,
-            shape.n_kv_heads, shape.head_dim, shape.vocab, **tensor_bytes({t.name: t.nbytes for t in tensors}),
         )
 
     @property

@@ -27,13 +27,13 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ondevice.plan.hardware import Bandwidths, MachineFacts, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
+from ondevice.machine.facts import Bandwidths, MachineFacts, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
 from ondevice.plan.curve import Curves, LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import target_steps
 from ondevice.plan.timing import Timing, timing_steps
 from ondevice.errors import OndeviceError
 from ondevice.paths import home, read_state, write_json
-from ondevice.plan.ram import return_freed_memory
+from ondevice.machine.ram import return_freed_memory
 from ondevice.protocols import MAX_BUDGET
 
 DRAFT_BATCH_MAX = 128  # the widest drafter call a profile times

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 
 from ondevice.errors import OndeviceError
+from ondevice.prompt.chat_template import render as render_here
 
 TEMPLATE_SECONDS = 5.0  # a real template renders a long conversation in milliseconds
 STARTUP_SECONDS = 120.0  # a worker starting (Python, jinja2: ~0.1 s) where the page cache thrashes (a model
@@ -136,7 +138,7 @@ def render(template: str, messages: list[dict], *, model: str, **options) -> str
 
 def _limit_self() -> None:
     try:
-        import resource
+        import resource  # lazy: Unix only, and only the worker sets its limit
 
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
     except (ImportError, ValueError, OSError):  # no such limit here (Windows, macOS): time still bounds it
@@ -145,10 +147,6 @@ def _limit_self() -> None:
 
 def _serve() -> None:
     """Read one JSON request per line, answer one JSON line: {"text"} or {"error"}."""
-    import signal
-
-    from ondevice.prompt.chat_template import render as render_here
-
     _limit_self()
     os.nice(10)  # a runaway template spins at the lowest priority there is room for, behind the server
 

@@ -3,7 +3,7 @@
 One JSON file per (machine fingerprint, shape, role, backend, memory budgets) under
 `<home>/synthetic/curves/`. A role "target" record holds the target pass time vs tokens per pass;
 a role "drafter" record the draft call time vs batch size (the curves the planner's cost model
-takes: `ondevice.plan.hardware.Curves`).
+takes: `ondevice.plan.curve.Curves`).
 """
 
 from __future__ import annotations

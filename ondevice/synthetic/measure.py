@@ -5,7 +5,7 @@
 The target runs through the pipeline's own loader (`loading.load_model_file`): the backend and
 placement a real model of that shape would get (llama.cpp resident; torch resident, streamed
 RAM→GPU under --gpu-memory, or from disk under --ram-memory). The bandwidth it is compared with is
-measured in the same run with the profile's functions (ondevice.plan.hardware): disk read of the
+measured in the same run with the profile's functions (ondevice.machine.facts): disk read of the
 synthetic file (before any backend maps it), RAM copy, pinned host→device on a GPU.
 """
 
@@ -27,11 +27,11 @@ from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.plan.memory import MemoryPlan, ModelSize
-from ondevice.plan.hardware import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
+from ondevice.machine.facts import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import measure_drafter_timing, measure_target_curve, measure_target_timing
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
-from ondevice.synthetic.quant_mix import file_bytes
+from ondevice.synthetic.quant_mix import file_bytes, preset_size
 from ondevice.synthetic.sources import SyntheticModel
 from ondevice.synthetic.writer import write_synthetic_gguf
 
@@ -77,7 +77,7 @@ def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> 
 
 def model_size(model: SyntheticModel) -> ModelSize:
     """What the memory plan needs of a synthetic model, from its tensor list (as `from_gguf` reads a file)."""
-    return ModelSize.from_tensors(model.shape, model.tensors)
+    return preset_size(model.shape, tensors=model.tensors)
 
 
 def memory_plan(model: SyntheticModel, opts: LoadOptions, drafter: SyntheticModel | None = None) -> MemoryPlan | None:
@@ -140,7 +140,7 @@ def check_fits(model: SyntheticModel, opts: LoadOptions, memory: MemoryPlan | No
     of memory (or be killed): a llama.cpp target whose memory plan has no room even to stream, a
     drafter bigger than the RAM, or the torch target on a CPU without a budget (it dequantizes every
     weight to fp32). A placement under --gpu-memory / --ram-memory plans for itself."""
-    import torch
+    import torch  # lazy: torch (~1 s) only to ask whether a GPU is there
 
     room = psutil.virtual_memory().available - RAM_MARGIN
     on_cpu = not torch.cuda.is_available() and (opts.device or "cpu").startswith("cpu")

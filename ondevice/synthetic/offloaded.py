@@ -7,7 +7,7 @@
 is 20-43 GB written and read back, minutes before the first pass. Here the same model is put
 together where it runs, by the loader's own pieces: the tensors a file of the shape would hold
 (`quant_mix.preset_tensors`) at the offsets a file would give them (`virtual_index`), the layouts
-and placement `offload.target` makes of a file (`meta_layouts`, `place_layers`), and a
+and placement `target.offloaded` makes of a file (`meta_layouts`, `place_layers`), and a
 `LayerStreamer` over pinned host buffers of GGUF blocks — the bytes the writer would write
 (`writer.tensor_chunks`), dequantized on the device after each transfer as a real file's are.
 
@@ -26,7 +26,7 @@ import torch
 from ondevice.errors import OndeviceError
 from ondevice.offload.layout import GGUFTensorInfo, LayerLayout, move_buffers, unpack
 from ondevice.offload.streamer import LayerStreamer, StreamedLayer
-from ondevice.offload.target import LAYER_NAMES, assign_resident, meta_layouts, place_layers
+from ondevice.target.offloaded import LAYER_NAMES, assign_resident, meta_layouts, place_layers
 from ondevice.protocols import MAX_BUDGET
 from ondevice.quant import gguf_blocks
 from ondevice.synthetic.quant_mix import TensorSpec, preset_tensors

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
+from ondevice.plan.memory import ModelSize, tensor_bytes
 from ondevice.synthetic.shapes import ModelShape
 
 FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
@@ -119,3 +120,16 @@ def _fit(qtype: QT, columns: int) -> QT:
 def file_bytes(tensors: list[TensorSpec], alignment: int = 32) -> int:
     """Bytes of tensor data in the file (each tensor padded to the GGUF alignment)."""
     return sum(-(-t.nbytes // alignment) * alignment for t in tensors)
+
+
+def preset_size(shape: ModelShape, size: int | None = None, tensors: list[TensorSpec] | None = None) -> ModelSize:
+    """What the memory plan needs of a model not downloaded, as `ModelSize.from_gguf` reads it from a
+    header: every tensor's bytes in the shape's quant mix (the types llama.cpp's quantizer gives each),
+    so the plan sees the layers, LM head and embeddings its file will hold. size: the file's size when
+    known (the catalog's, header included), else the tensor data, padded as a GGUF pads it. tensors:
+    the shape's tensor list if made already (default: `preset_tensors(shape)`)."""
+    tensors = list(preset_tensors(shape) if tensors is None else tensors)
+    return ModelSize(
+        file_bytes(tensors) if size is None else size, shape.n_layers, shape.dim, shape.n_heads,
+        shape.n_kv_heads, shape.head_dim, shape.vocab, **tensor_bytes({t.name: t.nbytes for t in tensors}),
+    )

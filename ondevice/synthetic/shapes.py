@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ondevice.errors import OndeviceError
+from ondevice.files.gguf_reader import open_model
 
 ARCHS = ("qwen2", "qwen3", "llama")
 LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -101,9 +102,7 @@ def find_shape(name: str) -> ModelShape:
 
 def shape_of_gguf(path: str | Path, name: str | None = None) -> ModelShape:
     """A real GGUF's shape, from its header (gguf.GGUFReader maps the file; no weights are read)."""
-    from ondevice.target.weights import open_gguf
-
-    reader = open_gguf(path)
+    reader = open_model(path)
     arch = _field(reader, "general.architecture")
     if arch not in ARCHS:
         raise OndeviceError(f"{path}: architecture {arch!r} has no synthetic twin (supported: {', '.join(ARCHS)}).")

@@ -14,7 +14,10 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from ondevice.catalog import hub
+from ondevice.catalog.pairs import list_pairs
 from ondevice.errors import OndeviceError
+from ondevice.files.gguf_reader import open_model
 from ondevice.synthetic.blocks import SUPPORTED
 from ondevice.synthetic.quant_mix import TensorSpec, preset_tensors
 from ondevice.synthetic.shapes import PRESETS, ModelShape, find_shape, shape_of_gguf
@@ -30,9 +33,7 @@ class SyntheticModel:
 
 def tensors_of_gguf(path: str | Path) -> tuple[TensorSpec, ...]:
     """A GGUF's tensors in file order: name, shape (numpy order), type. Only the header is read."""
-    from ondevice.target.weights import open_gguf
-
-    reader = open_gguf(path)
+    reader = open_model(path)
     tensors = tuple(TensorSpec(t.name, tuple(int(d) for d in reversed(t.shape)), t.tensor_type) for t in reader.tensors)
     unsupported = sorted({t.qtype.name for t in tensors if t.qtype not in SUPPORTED})
     if unsupported:
@@ -67,8 +68,6 @@ def resolve(name: str) -> list[SyntheticModel]:
     A catalog pair named like a preset (qwen2.5-7b) is the pair: its target and its drafter."""
     if name.endswith(".gguf") or Path(name).expanduser().is_file():
         return [from_file(name)]
-    from ondevice.catalog.pairs import list_pairs
-
     pair = next((p for p in list_pairs() if p.name == name), None)
     if pair is not None:
         return [pair_model(pair.target, "target"), pair_model(pair.drafter, "drafter")]
@@ -77,8 +76,6 @@ def resolve(name: str) -> list[SyntheticModel]:
 
 def pair_model(model_file, role: str) -> SyntheticModel:
     """A catalog model: a twin of its file when downloaded, else its `shape` preset."""
-    from ondevice.catalog import hub
-
     if hub.is_downloaded(model_file):
         return from_file(hub.local_path(model_file), model_file.shape, role)
     if model_file.shape is None:

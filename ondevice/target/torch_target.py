@@ -44,7 +44,7 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 class TorchTarget:
     """Target protocol over `Transformer`: a preallocated KV cache, one pass per draft tree."""
 
-    # Set by `ondevice.offload.target.load_offloaded_target`; None: every layer is resident.
+    # Set by `ondevice.target.offloaded.load_offloaded_target`; None: every layer is resident.
     placement: Placement | None = None
     streamer: LayerStreamer | None = None
 

@@ -23,9 +23,11 @@ from typing import Callable
 
 import numpy as np
 import torch
+from gguf.quants import dequantize
+from safetensors import safe_open
 
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_split import SplitReader
+from ondevice.files.gguf_reader import SplitReader
 from ondevice.target.torch_model import ModelArgs
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
@@ -139,8 +141,6 @@ def _unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _dequantize(tensor) -> np.ndarray:
-    from gguf.quants import dequantize
-
     try:
         w = dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError as err:
@@ -250,8 +250,6 @@ def hf_model_args(config: dict) -> ModelArgs:
 
 def load_hf(folder: str | Path, dtype=torch.float32, head_dtype=torch.float32) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
     """A Hugging Face checkpoint folder (config.json + *.safetensors) -> (ModelArgs, state_dict)."""
-    from safetensors import safe_open
-
     folder = Path(folder).expanduser()
     files = sorted(folder.glob("*.safetensors"))
     if not (folder / "config.json").is_file() or not files:

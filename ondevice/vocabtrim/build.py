@@ -27,8 +27,10 @@ import gguf
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.eval.numerics import greedy_reference
 from ondevice.paths import write_json
+from ondevice.prompt.tokenizer import Tokenizer
+from ondevice.reference import greedy_reference
+from ondevice.target.llama_target import LlamaTarget
 
 TRIMMED_SUFFIX = ".vocab-trim.gguf"
 RECORD_SUFFIX = ".vocab-trim.json"
@@ -61,9 +63,6 @@ def calibration_token_counts(
 
     on_prompt(index, answer_ids) is called after each prompt (progress bars, coverage checks).
     """
-    from ondevice.target.llama_target import LlamaTarget  # llama.cpp is needed only here
-    from ondevice.prompt.tokenizer import Tokenizer
-
     tokenizer = Tokenizer(target_gguf)
     chats = [tokenizer.encode_user(p) for p in prompts]
     n_ctx = max(max(map(len, chats), default=0) + max_tokens + 1, 1024)  # llama.cpp aborts below n_seq_max cells

@@ -8,14 +8,13 @@ calibration chose (`catalog/models/<pair>.vocab-trim.json`, written by `export`)
 `trim_for_streaming` writes the trimmed GGUF from it — a slice of the drafter's own rows, no model
 run — when the target streams and the drafter file is the one the set was built for (sha256).
 
-    python -m ondevice.vocabtrim.shipped qwen2.5-coder-1.5b   # ship the set `quant vocab-trim` built here
+    python -m ondevice.eval.ship_keep_set qwen2.5-coder-1.5b   # ship the set `quant vocab-trim` built here
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import sys
 import zlib
 from pathlib import Path
 
@@ -76,15 +75,3 @@ def trim_for_streaming(pair: str, drafter: Path, drafter_sha256: str | None, sho
         return False
     return True
 
-
-def main(argv: list[str]) -> None:
-    from ondevice.catalog.choose import choose
-
-    (pair,) = argv
-    models = choose(pair, None, None, True)
-    record = TrimmedVocab.load(trimmed_paths(models.drafter)[1])
-    print(export(record, models.name))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

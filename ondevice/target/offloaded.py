@@ -36,7 +36,7 @@ LAYER_NAMES = gguf_names_from_table(weights.GGUF_NAMES)  # block i's parameter â
 @dataclass
 class OffloadPlan:
     path: Path
-    reader: object  # gguf_split.SplitReader of path (all parts of a split model)
+    reader: object  # gguf_reader.SplitReader of path (all parts of a split model)
     args: ModelArgs
     model: Transformer  # on the meta device: shapes and dtypes only
     layouts: dict[int, LayerLayout]  # layer â†’ its GGUF blocks as transferred

@@ -1,5 +1,5 @@
 """This machine: facts (CPU, SIMD, RAM, GPUs, disk) and bandwidths (memory, PCIe, disk), inputs
-of the optimizer beside the latency curves (`ondevice.plan.latency`). torch is imported only inside
+of the planner beside the latency curves (`ondevice.plan.latency`). torch is imported only inside
 the functions that need it.
 """
 
@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 import psutil
+
+from ondevice.machine.ram import ram_budget
 
 
 GiB = 1 << 30
@@ -74,7 +76,7 @@ def cuda_available() -> bool:
         return False
     if sys.platform.startswith("linux") and not (Path("/proc/driver/nvidia").exists() or Path("/dev/kfd").exists()):
         return False
-    import torch
+    import torch  # lazy: torch (~200 MB, ~1 s) only where a GPU driver is present
 
     return torch.cuda.is_available()
 
@@ -82,7 +84,7 @@ def cuda_available() -> bool:
 def gpu_facts() -> list[GpuFacts]:
     if not cuda_available():
         return []
-    import torch
+    import torch  # lazy: torch only where a GPU driver is present
 
     gpus = []
     for i in range(torch.cuda.device_count()):
@@ -144,8 +146,6 @@ def measure_ram_bandwidth(n_bytes: int | None = None, repeats: int = 3) -> float
     256 MB, or a sixteenth of the RAM this process may use when that is less (two buffers must not
     push a model that barely fits out of memory)."""
     if n_bytes is None:
-        from ondevice.plan.ram import ram_budget
-
         n_bytes = min(256 << 20, max(32 << 20, ram_budget().bytes // 16))
     src = np.ones(n_bytes // 8)
     dst = np.empty_like(src)
@@ -160,7 +160,7 @@ def measure_ram_bandwidth(n_bytes: int | None = None, repeats: int = 3) -> float
 
 def measure_pinned_bandwidth(n_bytes: int = 256 << 20, repeats: int = 3, device: int = 0) -> tuple[float, float]:
     """(host→device, device→host) GB/s through pinned memory, timed with CUDA events."""
-    import torch
+    import torch  # lazy: torch only on a machine with a GPU to measure
 
     host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(n_bytes, dtype=torch.uint8, device=f"cuda:{device}")

@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ondevice import loading
+from ondevice.bench.measured import load_measured
 from ondevice.catalog.pairs import ModelPair
-from ondevice.eval.measured import load_measured
+from ondevice.loading import LoadOptions
+from ondevice.machine.facts import default_threads, machine_facts
 from ondevice.plan.acceptance import acceptance_for
 from ondevice.plan.cost_model import Plan, choose_plan
-from ondevice.loading import LoadOptions
-from ondevice.plan.hardware import default_threads, machine_facts
 from ondevice.plan.curve import Curves
 from ondevice.synthetic.cache import SyntheticMeasurement, load_measurement
 from ondevice.synthetic.measure import budgets_label

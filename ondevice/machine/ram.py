@@ -14,6 +14,8 @@ smallest on the way up the hierarchy (v1: hierarchical_memory_limit; v2: every a
 
 from __future__ import annotations
 
+import ctypes
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,9 +194,6 @@ def return_freed_memory() -> None:
     """Hand memory freed by models measured and dropped back to the OS (glibc keeps freed heap in
     its arenas: after a drafter was loaded, timed and freed, 200 MB of it still counted as this
     process's), so a memory plan made next sees what the process really holds."""
-    import ctypes
-    import gc
-
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

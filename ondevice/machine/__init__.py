@@ -1,0 +1,6 @@
+"""The ground floor: facts about this machine that every layer may ask and none decides on.
+
+ram.py: the RAM this process may use (cgroup-aware), its peak and anonymous memory, disk reads;
+facts.py: CPU, SIMD, cores and threads, GPUs, the machine's fingerprint, and measured bandwidths
+(memory, PCIe, disk). Nothing here imports the rest of ondevice but sizes.py; decisions live in plan/.
+"""
