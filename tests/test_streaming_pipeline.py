@@ -73,13 +73,14 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
 
 def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them(tiny_home, monkeypatch):
     spec, prompt = DraftSpec("best-first", 4), MESSAGES[0]["content"]
-    with ondevice.load("tiny", target_backend="llama", threads=1, prompts=(prompt,), max_tokens=24) as pipe:
+    answers = loading.Answers((prompt,), 24)
+    with ondevice.load("tiny", answers=answers, target_backend="llama", threads=1) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # in RAM: nothing to win
     stream_tiny_target(tiny_home, monkeypatch)
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=loading.DEFAULT_CTX) as pipe:
         full, _ = answer(pipe, spec)
         full_plan = pipe.memory
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, prompts=(prompt,), max_tokens=24) as pipe:
+    with ondevice.load("tiny", answers=answers, target_backend="llama", drafter_backend="llama", threads=1) as pipe:
         n_ctx = pipe.engine.target.n_ctx
         need = len(pipe.encode_chat(MESSAGES)) + 24 + pipe.memory.sizes.max_tree + 1
         assert need <= n_ctx < need + 16 + 256 and n_ctx < loading.DEFAULT_CTX
@@ -130,7 +131,7 @@ def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(t
     opts = loading.LoadOptions(pair="tiny", threads=1, n_ctx=256)
     models = pipeline.choose("tiny", None, None, True)
     before = ondevice_threads()
-    loading.pick_backends(opts, models, threads=1)  # nothing saved: measures the streamed target, then each drafter
+    loading.pick_backends(opts, models, 1, loading.MemoryPlans(models, opts))  # nothing saved: measures the streamed target, then each drafter
     assert left_running(before) == []  # the measured target is gone, with its page-cache thread
     (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
     measured = Profile.from_dict(json.loads(path.read_text()))
@@ -156,12 +157,13 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     stream_tiny_target(tiny_home, monkeypatch, "deep", extra=max(target.layer_bytes) + target.head_bytes - 1)  # the head, less a byte
     opts = loading.LoadOptions(pair="deep", threads=1, n_ctx=256)
     models = pipeline.choose("deep", None, None, True)
-    assert loading.leanest_drafters(models, opts, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
-    loading.trim_if_streaming(models, opts)
-    trimmed = loading.memory_plan(models, opts, "llama", "llama")
-    assert trimmed.bytes_read_per_pass < loading.memory_plan(models, opts, "llama", "onnx").bytes_read_per_pass
-    assert loading.leanest_drafters(models, opts, "llama") == ("llama",)  # trimmed, it leaves room for the LM head
-    assert loading.pick_backends(opts, models, threads=1) == ("llama", "llama")
+    plans = loading.MemoryPlans(models, opts)
+    assert loading.leanest_drafters(plans, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
+    loading.trim_if_streaming(models, opts, plans)
+    trimmed = plans.plan("llama", "llama")
+    assert trimmed.bytes_read_per_pass < plans.plan("llama", "onnx").bytes_read_per_pass
+    assert loading.leanest_drafters(plans, "llama") == ("llama",)  # trimmed, it leaves room for the LM head
+    assert loading.pick_backends(opts, models, 1, plans) == ("llama", "llama")
     assert not list((tiny_home / "profiles").glob("*.json"))  # decided by memory: no drafter was loaded to be measured
 
     def not_here(*args, **kwargs):

@@ -8,7 +8,7 @@ from rich.console import Console
 from ondevice import pipeline
 from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
-from ondevice.loading import LoadOptions
+from ondevice.loading import Answers, LoadOptions
 from ondevice.pipeline import Pipeline
 from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
 from ondevice.verify import Sampling
@@ -83,7 +83,7 @@ def _arm_text(arm: dict) -> str:
     return f"{name} {measured}{predicted}"
 
 
-def load_pipeline(load: LoadOptions) -> Pipeline:
-    """Load (and on first use download) the pipeline, with a spinner on stderr."""
+def load_pipeline(load: LoadOptions, answers: Answers | None = None) -> Pipeline:
+    """Load (and on first use download) the pipeline, with a spinner on stderr; answers: see `loading.Answers`."""
     with err.status("loading models…") as spinner:
-        return pipeline.load_pipeline(load, status=lambda message: spinner.update(f"{message}…"))
+        return pipeline.load_pipeline(load, status=lambda message: spinner.update(f"{message}…"), answers=answers)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 
 import typer
 
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import err, load_pipeline, make_spec, stats_line
 from ondevice.engine import Stats
-from ondevice.loading import LoadOptions
+from ondevice.loading import Answers, LoadOptions
 from ondevice.plan.ram import peak_rss
 from ondevice.verify import Sampling
 
@@ -35,7 +34,7 @@ def generate(
     """Generate one answer for PROMPT and exit."""
     sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     spec = make_spec(tree, budget, not load.draft, sampling)
-    pipe = load_pipeline(replace(load, prompts=(prompt,), max_tokens=max_tokens))  # a streaming target's context is sized to them
+    pipe = load_pipeline(load, Answers((prompt,), max_tokens))  # a streaming target's context is sized to them
     if think is not None and not pipe.tokenizer.can_switch_thinking:
         err.print(f"[dim]{pipe.pair.target.name}'s chat template has no thinking switch: --{'' if think else 'no-'}think changes nothing[/]")
     ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}], think=think)
