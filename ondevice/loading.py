@@ -34,7 +34,7 @@ CPU_BACKENDS = ("llama", "onnx")  # what the profile compares on a CPU (`ondevic
 
 @dataclass
 class LoadOptions:
-    pair: str | None = None
+    model: str | None = None  # a catalog pair's name; None: the catalog default
     target: str | None = None  # a GGUF file or hf:owner/repo[:QUANT | /file.gguf] instead of the pair's target
     drafter: str | None = None  # the same for the drafter; default: the pair's, or one found automatically
     target_backend: str = "auto"
@@ -42,7 +42,7 @@ class LoadOptions:
     draft: bool = True
     vocab_trim: bool = True
     threads: int | None = None
-    n_ctx: int | None = None  # None: DEFAULT_CTX, or when a llama.cpp target streams, sized to the answers (`Answers`)
+    ctx: int | None = None  # context window in tokens; None: DEFAULT_CTX, or when a llama.cpp target streams, sized to the answers (`Answers`)
     device: str | None = None  # torch target: "cpu" / "cuda"; default: cuda if available
     gpu_memory: str | None = None
     ram_memory: str | None = None
@@ -59,8 +59,8 @@ class LoadOptions:
                 raise OndeviceError(f"{flag} must be more than 0 bytes (got {size!r}).")
         if self.threads is not None and self.threads < 1:
             raise OndeviceError(f"--threads must be at least 1 (got {self.threads}).")
-        if self.n_ctx is not None and self.n_ctx < 16:
-            raise OndeviceError(f"--ctx must be at least 16 tokens (got {self.n_ctx}).")
+        if self.ctx is not None and self.ctx < 16:
+            raise OndeviceError(f"--ctx must be at least 16 tokens (got {self.ctx}).")
         for flag, ref in (("--target", self.target), ("--drafter", self.drafter)):
             if ref is not None:
                 refs.check(ref, flag)
@@ -71,7 +71,7 @@ class LoadOptions:
     @property
     def context(self) -> int:
         """The context window in tokens: --ctx, else DEFAULT_CTX (plan_load may size it)."""
-        return self.n_ctx or DEFAULT_CTX
+        return self.ctx or DEFAULT_CTX
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class MemoryPlans:
         key = (drafter, n_ctx or self.opts.context)
         if key not in self._plans:
             sizes = self.size(drafter) if drafter is not None else None
-            self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, n_ctx=key[1]), self.process_bytes)
+            self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
         return self._plans[key]
 
 
@@ -154,7 +154,7 @@ def plan_load(opts: LoadOptions, files: PairFiles, process_bytes: int | None = N
     trim_if_streaming(files, opts, plans, status)  # the catalog's keep set: a smaller drafter, more layers cached
     target, drafter = pick_backends(opts, files, threads, plans)
     memory, n_ctx = plans.plan(target, drafter), opts.context
-    if opts.n_ctx is None and memory is not None and memory.streams and answers:
+    if opts.ctx is None and memory is not None and memory.streams and answers:
         n_ctx = min(DEFAULT_CTX, sized_context(tokenizer, answers, memory.sizes.max_tree))
         memory = plans.plan(target, drafter, n_ctx)
     return LoadPlan(files, opts, target, drafter, threads, n_ctx, memory)
@@ -335,7 +335,7 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
 def load_backends(opts: LoadOptions):
     """What `ondevice profile` measures: the pair's files, the backends a chat would load, the others."""
     opts.checked()
-    files = choose(opts.pair, opts.target, opts.drafter, draft=True)
+    files = choose(opts.model, opts.target, opts.drafter, draft=True)
     if files.drafter is None:
         raise OndeviceError("`ondevice profile` measures a target and its drafter: pass --drafter FILE.")
     return profile_backends(plan_load(opts, files, anon_rss()))

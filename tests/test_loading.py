@@ -42,7 +42,7 @@ def counted(monkeypatch):
 @pytest.mark.parametrize("backends", [{"target_backend": "llama", "drafter_backend": "llama"}, {}])
 def test_a_load_plans_its_memory_once_and_reads_each_header_once(tiny_home, counted, backends):
     plans, headers = counted
-    with ondevice.load("tiny", threads=1, n_ctx=256, **backends) as pipe:
+    with ondevice.load("tiny", threads=1, ctx=256, **backends) as pipe:
         assert pipe.target_backend == "llama" and pipe.memory is not None and pipe.memory.target_in_ram
         assert pipe.memory.sizes.n_ctx == pipe.engine.target.n_ctx == 256
     assert len(plans) == 1

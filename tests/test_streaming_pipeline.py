@@ -56,11 +56,11 @@ def answer(pipe, spec):
 
 def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monkeypatch):
     spec = DraftSpec("best-first", 8)
-    with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.window is None
         in_ram, _ = answer(pipe, spec)
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.streams and pipe.memory.sizes.max_tree <= 64
         assert pipe.engine.target.window is not None and pipe.engine.drafter.model.model.resident
         assert "streams from disk" in pipe.placement
@@ -77,7 +77,7 @@ def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them
     with ondevice.load("tiny", answers=answers, target_backend="llama", threads=1) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # in RAM: nothing to win
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=loading.DEFAULT_CTX) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=loading.DEFAULT_CTX) as pipe:
         full, _ = answer(pipe, spec)
         full_plan = pipe.memory
     with ondevice.load("tiny", answers=answers, target_backend="llama", drafter_backend="llama", threads=1) as pipe:
@@ -108,17 +108,17 @@ def ship_tiny_keep_set(home, monkeypatch, name: str = "tiny"):
 def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(tiny_home, monkeypatch):
     drafter, keep = ship_tiny_keep_set(tiny_home, monkeypatch)
     assert shipped_trim.shipped_keep_ids("tiny", "0" * 64) is None  # for another drafter file: nothing
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.target_in_ram and not pipe.engine.drafter.model.vocab_trimmed
     assert vocab_trim.find_trimmed(drafter) is None  # in RAM the full drafter drafts: nothing written
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.streams and pipe.engine.drafter.model.vocab_trimmed
         trimmed, record = vocab_trim.trimmed_paths(drafter)
         assert pipe.memory.drafter_bytes == trimmed.stat().st_size < drafter.stat().st_size
         streamed, _ = answer(pipe, DraftSpec("best-first", 4))
     assert vocab_trim.TrimmedVocab.load(record).keep_ids == tuple(int(i) for i in keep)
-    with ondevice.load("tiny", target_backend="llama", draft=False, threads=1, n_ctx=256) as alone:
+    with ondevice.load("tiny", target_backend="llama", draft=False, threads=1, ctx=256) as alone:
         assert streamed == answer(alone, None)[0]
 
 
@@ -128,7 +128,7 @@ DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 
 def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(tiny_home, monkeypatch):
     monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
     stream_tiny_target(tiny_home, monkeypatch)
-    opts = loading.LoadOptions(pair="tiny", threads=1, n_ctx=256)
+    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256)
     models = pipeline.choose("tiny", None, None, True)
     before = ondevice_threads()
     loading.pick_backends(opts, models, 1, loading.MemoryPlans(models, opts))  # nothing saved: measures the streamed target, then each drafter
@@ -142,7 +142,7 @@ def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(t
         measured.drafters = {"llama": FAST_DRAFT if faster == "llama" else SLOW_DRAFT, "onnx": FAST_DRAFT if faster == "onnx" else SLOW_DRAFT}
         measured.curves = measured.curves_for("llama", faster)
         save_profile(measured)
-        with ondevice.load("tiny", threads=1, n_ctx=256) as pipe:
+        with ondevice.load("tiny", threads=1, ctx=256) as pipe:
             assert pipe.memory.streams and pipe.info["drafter_backend"] == faster and pipe.target_backend == "llama"
             spec = pipe.resolve(DraftSpec("auto", 0), Sampling())
             assert spec is not None and spec.builder != "lookup"  # a flat, disk-bound curve: the drafter drafts
@@ -155,7 +155,7 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     ship_tiny_keep_set(tiny_home, monkeypatch, "deep")
     target = ModelSize.from_gguf(tiny_home / "models" / "deep-target.gguf")
     stream_tiny_target(tiny_home, monkeypatch, "deep", extra=max(target.layer_bytes) + target.head_bytes - 1)  # the head, less a byte
-    opts = loading.LoadOptions(pair="deep", threads=1, n_ctx=256)
+    opts = loading.LoadOptions(model="deep", threads=1, ctx=256)
     models = pipeline.choose("deep", None, None, True)
     plans = loading.MemoryPlans(models, opts)
     assert loading.leanest_drafters(plans, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
@@ -170,7 +170,7 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
         raise AssertionError("a streaming target's profile is measured in a child process, not in the one that serves")
 
     monkeypatch.setattr(profile_store, "measure_profile", not_here)
-    with ondevice.load("deep", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("deep", threads=1, ctx=256) as pipe:
         assert pipe.info["drafter_backend"] == "llama" and pipe.engine.drafter.model.vocab_trimmed
         assert pipe.memory.bytes_read_per_pass == trimmed.bytes_read_per_pass
         pipe.resolve(DraftSpec("auto", 0), Sampling())  # uses the profile the child measured and saved
@@ -180,5 +180,5 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     measured.targets = {"llama": DISK_BOUND}
     measured.drafters = {"llama": SLOW_DRAFT, "onnx": FAST_DRAFT}  # ONNX Runtime drafting faster does not win back the RAM
     save_profile(measured)
-    with ondevice.load("deep", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("deep", threads=1, ctx=256) as pipe:
         assert pipe.info["drafter_backend"] == "llama"
