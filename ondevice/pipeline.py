@@ -31,6 +31,9 @@ from ondevice.protocols import DEFAULT_BUDGET, DraftSpec
 from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
 
+BACKEND_NAMES = {"llama": "llama.cpp", "onnx": "ONNX Runtime", "torch": "PyTorch"}
+
+
 @dataclass
 class Record:
     text: str
@@ -45,7 +48,7 @@ class Pipeline:
     tokenizer: Tokenizer
     engine: SpecEngine
     target_backend: str
-    placement: str = ""
+    placement: str = ""  # the memory plan's description ("target in RAM: …"), or the target's placement summary
     info: dict = field(default_factory=dict)
     backends: ProfileBackends | None = None
     planner: AutoPlanner | None = None
@@ -101,6 +104,11 @@ class Pipeline:
             self.engine.overlap = self.plan.overlap
         elif self.backends is not None:
             self.engine.overlap = self.backends.overlap_possible
+
+    def placement_line(self) -> str:
+        """Where the target runs, in words: "llama.cpp target in RAM: …", "PyTorch target: 28 layers: …"."""
+        name = BACKEND_NAMES.get(self.target_backend, self.target_backend)
+        return f"{name} {self.placement}" if self.memory is not None else f"{name} target: {self.placement}"
 
     def encode_chat(self, messages: list[dict[str, str]], think: bool | None = None) -> list[int]:
         """The conversation through the target's chat template; think: Qwen3's thinking switch (None: its default)."""
@@ -199,17 +207,17 @@ def _placement_json(target, memory: MemoryPlan | None = None) -> dict:
     }
 
 
-def load(pair: str | None = None, *, answers: Answers | None = None, **kwargs) -> Pipeline:
+def load(model: str | None = None, *, answers: Answers | None = None, **kwargs) -> Pipeline:
     """Load a model pair (downloading it on first use); kwargs are `LoadOptions` fields; answers:
     what it will answer, when known (a target streamed from disk gets a context sized to them)."""
-    return load_pipeline(LoadOptions(pair=pair, **kwargs), answers=answers)
+    return load_pipeline(LoadOptions(model=model, **kwargs), answers=answers)
 
 
 def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None, answers: Answers | None = None) -> Pipeline:
     """Choose the files, plan the load, open the target and drafter as planned, wire them.
     status(message): what a long step is doing (the CLI's spinner)."""
     opts.checked()
-    files = choose(opts.pair, opts.target, opts.drafter, opts.draft)  # downloads on first use
+    files = choose(opts.model, opts.target, opts.drafter, opts.draft)  # downloads on first use
     tokenizer = Tokenizer(files.target)
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
     plan = plan_load(opts, files, process, answers, tokenizer, status)
