@@ -137,7 +137,7 @@ def test_close_frees_models_and_threads_and_the_pair_loads_again(tmp_path, monke
     layer = max(layout.nbytes for layout in plan.layouts.values())
     floor = plan.resident_bytes + 3 * layer  # two ring slots and one decoded layer: nothing stays resident
     options = dict(target_backend="torch", device="cpu", gpu_memory=str(floor), ram_memory=str(3 * layer),
-                   threads=1, n_ctx=256, overlap=True)  # RAM: two disk staging buffers and one layer
+                   threads=1, ctx=256, overlap=True)  # RAM: two disk staging buffers and one layer
 
     def answer(pipe) -> list[int]:
         return [t for r in pipe.stream(MESSAGES, max_tokens=16, spec=DraftSpec("chain", 3)) for t in r.token_ids]
