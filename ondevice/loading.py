@@ -85,7 +85,7 @@ class Answers:
 
 @dataclass(frozen=True)
 class LoadPlan:
-    """How one pair is loaded, decided once before anything is: the backends, threads, context and
+    """How one pair is loaded, decided once before a model is: the backends, threads, context and
     (llama.cpp target) memory plan."""
 
     files: PairFiles
@@ -100,15 +100,15 @@ class LoadPlan:
     def streams(self) -> bool:
         return self.memory is not None and self.memory.streams
 
-    def open_target(self, backend: str | None = None, memory: MemoryPlan | None = None):
-        """The target on the planned backend with the memory plan, or on another `backend` (llama.cpp's defaults)."""
-        opts = self.options
-        if backend is None:
-            backend, memory = self.target_backend, self.memory
-        return load_target(backend, self.files.target, self.n_ctx, self.threads, memory, opts.device, opts.gpu_memory, opts.ram_memory)
+    def open_target(self, backend: str | None = None):
+        """The target as planned, or on another `backend` (llama.cpp's defaults, not the plan's)."""
+        opts, memory = self.options, self.memory if backend is None else None
+        return load_target(backend or self.target_backend, self.files.target, self.n_ctx, self.threads, memory, opts.device, opts.gpu_memory,
+                           opts.ram_memory)
 
-    def open_drafter(self, backend: str | None = None, target_vocab: int | None = None, memory: MemoryPlan | None = None):
-        """The drafter model on `backend` (default: the planned one), its buffers sized by `memory`."""
+    def open_drafter(self, backend: str | None = None, target_vocab: int | None = None):
+        """The drafter model as planned, or on another `backend` (buffers not sized by the plan)."""
+        memory = self.memory if backend is None else None
         return load_drafter(backend or self.drafter_backend, self.files.drafter, self.n_ctx, self.threads, self.options.vocab_trim, target_vocab,
                             memory)
 
@@ -321,7 +321,7 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
     }  # fmt: skip
     if plan.streams:  # another target would not run within the plan; another drafter is measured alone (pick_backends)
         others_t = {}
-    sized_drafter = lambda: plan.open_drafter(memory=memory).probe_batch  # noqa: E731
+    sized_drafter = lambda: plan.open_drafter().probe_batch  # noqa: E731
     return ProfileBackends(
         pair=files.name, backend=backend_label(target, threads), model_files=model_files,
         make_target=make_target or plan.open_target,

@@ -226,7 +226,7 @@ def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None
     drafter = None
     if files.drafter is not None:
         check_same_vocab(tokenizer, Tokenizer(files.drafter))
-        drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab, memory=plan.memory)
+        drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab)
     target = plan.open_target()
     backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
