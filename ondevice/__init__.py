@@ -9,9 +9,10 @@
 __version__ = "0.1.0"
 
 
-def load(pair: str | None = None, **options):
-    """Load a model pair into a `Pipeline` (see `ondevice.loading.LoadOptions` for the options).
+def load(model: str | None = None, **options):
+    """Load a model pair into a `Pipeline` (see `ondevice.loading.LoadOptions` for the options;
+    `answers=ondevice.loading.Answers(prompts, max_tokens)`: what it will answer, when known).
     Imported lazily: `import ondevice` stays cheap (no torch, no llama.cpp)."""
     from ondevice.pipeline import load as load_pipeline  # lazy: `import ondevice` stays cheap (no torch, no llama.cpp)
 
-    return load_pipeline(pair, **options)
+    return load_pipeline(model, **options)

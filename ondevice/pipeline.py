@@ -1,6 +1,7 @@
 """A loaded pair wired into one object: tokenizer, drafter, target → engine, and the planner.
 
-`load_pipeline` loads what `ondevice.loading` chooses (backends, memory plan, context) and wires it.
+`load_pipeline` chooses the files (catalog/choose.py), plans the load once (`loading.plan_load`: backends,
+threads, context, memory plan), opens the target and drafter (target/loader.py, draft/loader.py) and wires them.
 The files come from the catalog (`--model`) or are your own (`--target`, `--drafter`: a GGUF path or
 `hf:owner/repo:QUANT`), see catalog/choose.py. A drafter whose vocabulary differs from the target's
 only by padding is accepted (tokenizer.vocab_mismatch); without a drafter model the target runs with
@@ -12,25 +13,26 @@ Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | promp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ondevice.catalog.choose import Models, choose
+from ondevice.catalog.choose import choose
+from ondevice.catalog.hub import PairFiles
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
-from ondevice.loading import (
-    DEFAULT_CTX, LoadOptions, _load_drafter, _load_target, _profile_backends, _with_lookup, memory_plan, pick_backends, sized_context,
-    streaming_profile, trim_if_streaming,
-)
+from ondevice.draft.loader import with_lookup
+from ondevice.loading import Answers, LoadOptions, plan_load, profile_backends, streaming_profile
 from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.cost_model import Plan, plan_as_dict
-from ondevice.machine.facts import default_threads
 from ondevice.plan.memory import MemoryPlan
 from ondevice.plan.profile import ProfileBackends
 from ondevice.machine.ram import anon_rss, peak_rss
 from ondevice.protocols import DEFAULT_BUDGET, DraftSpec
 from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
+
+BACKEND_NAMES = {"llama": "llama.cpp", "onnx": "ONNX Runtime", "torch": "PyTorch"}
+
 
 @dataclass
 class Record:
@@ -42,11 +44,11 @@ class Record:
 
 @dataclass
 class Pipeline:
-    pair: Models  # what runs: .name, .description, the files
+    pair: PairFiles  # what runs: .name, .description, the files
     tokenizer: Tokenizer
     engine: SpecEngine
     target_backend: str
-    placement: str = ""
+    placement: str = ""  # the memory plan's description ("target in RAM: …"), or the target's placement summary
     info: dict = field(default_factory=dict)
     backends: ProfileBackends | None = None
     planner: AutoPlanner | None = None
@@ -102,6 +104,11 @@ class Pipeline:
             self.engine.overlap = self.plan.overlap
         elif self.backends is not None:
             self.engine.overlap = self.backends.overlap_possible
+
+    def placement_line(self) -> str:
+        """Where the target runs, in words: "llama.cpp target in RAM: …", "PyTorch target: 28 layers: …"."""
+        name = BACKEND_NAMES.get(self.target_backend, self.target_backend)
+        return f"{name} {self.placement}" if self.memory is not None else f"{name} target: {self.placement}"
 
     def encode_chat(self, messages: list[dict[str, str]], think: bool | None = None) -> list[int]:
         """The conversation through the target's chat template; think: Qwen3's thinking switch (None: its default)."""
@@ -200,38 +207,31 @@ def _placement_json(target, memory: MemoryPlan | None = None) -> dict:
     }
 
 
-def load(pair: str | None = None, **kwargs) -> Pipeline:
-    """Load a model pair (downloading it on first use); kwargs are `LoadOptions` fields."""
-    return load_pipeline(LoadOptions(pair=pair, **kwargs))
+def load(model: str | None = None, *, answers: Answers | None = None, **kwargs) -> Pipeline:
+    """Load a model pair (downloading it on first use); kwargs are `LoadOptions` fields; answers:
+    what it will answer, when known (a target streamed from disk gets a context sized to them)."""
+    return load_pipeline(LoadOptions(model=model, **kwargs), answers=answers)
 
 
-def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None) -> Pipeline:
-    """status(message): what a long step is doing (the CLI's spinner)."""
+def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None, answers: Answers | None = None) -> Pipeline:
+    """Choose the files, plan the load, open the target and drafter as planned, wire them.
+    status(message): what a long step is doing (the CLI's spinner)."""
     opts.checked()
-    models = choose(opts.pair, opts.target, opts.drafter, opts.draft)  # downloads on first use
-    threads = opts.threads or default_threads()
-    tokenizer = Tokenizer(models.target)
-    process = anon_rss()  # before pick_backends may measure (and free) models: the plan is the same every run
-    trim_if_streaming(models, opts, status)  # the catalog's keep set: a smaller drafter, more layers cached
-    backend, drafter_backend = pick_backends(opts, models, threads)
-    memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
-    if opts.n_ctx is None and memory is not None and memory.streams and opts.prompts:
-        opts = replace(opts, n_ctx=min(DEFAULT_CTX, sized_context(tokenizer, opts.prompts, opts.max_tokens, memory.sizes.max_tree)))
-        memory = memory_plan(models, opts, backend, drafter_backend, process_bytes=process)
-    if memory is not None and memory.streams and models.drafter is not None:
-        streaming_profile(models, (backend, drafter_backend), threads, opts)  # measured apart: see there
+    files = choose(opts.model, opts.target, opts.drafter, opts.draft)  # downloads on first use
+    tokenizer = Tokenizer(files.target)
+    process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
+    plan = plan_load(opts, files, process, answers, tokenizer, status)
+    if plan.streams and files.drafter is not None:
+        streaming_profile(plan)  # measured apart: see there
     drafter = None
-    if models.drafter is not None:
-        check_same_vocab(tokenizer, Tokenizer(models.drafter))
-        drafter = _load_drafter(drafter_backend, models.drafter, opts, threads, target_vocab=tokenizer.n_vocab, memory=memory)
-    target = _load_target(backend, models.target, opts, threads, memory)
-    backends = _profile_backends(models, backend, drafter_backend, threads, opts, lambda: target, (lambda: drafter.probe_batch) if drafter else None,
-                                 memory)
+    if files.drafter is not None:
+        check_same_vocab(tokenizer, Tokenizer(files.drafter))
+        drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab)
+    target = plan.open_target()
+    backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
-    engine = SpecEngine(target, _with_lookup(drafter, target.n_vocab, opts.draft), tokenizer.is_end, overlap=overlap)
-    placement = target.placement_summary() if backend in ("torch", "onnx") else memory.describe()
-    info = {"threads": threads, "drafter_backend": drafter_backend if drafter else None}
-    return Pipeline(models, tokenizer, engine, backend, placement=placement, info=info, backends=backends, memory=memory,
+    engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
+    placement = target.placement_summary() if plan.memory is None else plan.memory.describe()
+    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None}
+    return Pipeline(files, tokenizer, engine, plan.target_backend, placement=placement, info=info, backends=backends, memory=plan.memory,
                     overlap_choice=opts.overlap)
-
-

@@ -88,7 +88,7 @@ def test_profile_measures_the_loaded_backends_then_adds_the_others_once(tmp_path
 def test_pipeline_loads_the_backends_the_profile_found_fastest(tmp_path, monkeypatch):
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     write_tiny_pair(tmp_path, arch="llama", head_scale=3.0)
-    opts = loading.LoadOptions(pair="tiny", threads=1, n_ctx=256)
+    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256)
     backends = loading.load_backends(opts)
     assert (backends.target_name, backends.drafter_name) == ("llama", "llama")  # nothing measured yet: llama.cpp
     assert set(backends.other_targets) == {"onnx"} and set(backends.other_drafters) == {"onnx"} and backends.key == "cpu-t1"
@@ -100,7 +100,7 @@ def test_pipeline_loads_the_backends_the_profile_found_fastest(tmp_path, monkeyp
         assert pipe.target_backend == "onnx" and pipe.info["drafter_backend"] == "onnx"
         assert type(pipe.engine.target).__name__ == "OnnxTarget"
         assert type(pipe.engine.drafter.model).__name__ == "OnnxDrafter"
-    with pipeline.load_pipeline(loading.LoadOptions(pair="tiny", threads=1, n_ctx=256, drafter_backend="llama")) as pipe:
+    with pipeline.load_pipeline(loading.LoadOptions(model="tiny", threads=1, ctx=256, drafter_backend="llama")) as pipe:
         assert pipe.target_backend == "onnx" and pipe.info["drafter_backend"] == "llama"  # the target still auto
 
 

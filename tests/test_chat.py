@@ -80,7 +80,7 @@ class TerminalChat:
 
 def reference(messages: list[dict], max_tokens: int, n_ctx: int) -> str:
     """A fresh session's greedy answer to `messages` (chain @3, as the chat runs)."""
-    with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=n_ctx) as pipe:
+    with ondevice.load("tiny", target_backend="llama", threads=1, ctx=n_ctx) as pipe:
         return "".join(r.text for r in pipe.stream(messages, max_tokens=max_tokens, spec=DraftSpec("chain", 3)))
 
 
@@ -91,7 +91,7 @@ def shown(text: str) -> bytes:
 
 def test_ctrl_c_stops_the_answer_and_the_session_goes_on(tiny_home):
     first, second, n = "why is the sky blue", "and another", 1500
-    with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=4096) as pipe:  # precondition
+    with ondevice.load("tiny", target_backend="llama", threads=1, ctx=4096) as pipe:  # precondition
         stats = [r.stats for r in pipe.stream([{"role": "user", "content": first}], max_tokens=n, spec=DraftSpec("chain", 3))][-1]
     assert stats.finish_reason == "length"  # the first answer runs long: there is time to stop it
 
@@ -140,7 +140,7 @@ def test_a_long_conversation_drops_its_oldest_turns(tiny_home):
 
 
 def test_fit_history_keeps_the_newest_turns_that_fit(tiny_home):
-    with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=128) as pipe:
+    with ondevice.load("tiny", target_backend="llama", threads=1, ctx=128) as pipe:
         history = []
         for i in range(6):
             history += [{"role": "user", "content": f"question {i} " * 3}, {"role": "assistant", "content": f"answer {i} " * 4}]

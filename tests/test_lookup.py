@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ondevice.cli.run_cmd import make_spec
+from ondevice.cli.decoding import make_spec
 from ondevice.draft.model_drafter import check_spec
 from ondevice.draft.lookup import PromptLookupDrafter, find_matches
 from ondevice.draft.router import DraftRouter

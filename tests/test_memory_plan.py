@@ -243,11 +243,11 @@ def test_buffer_formula_matches_llama_cpp(real_pair, role, cells, ubatch, output
 def test_the_plan_counts_the_drafter_whichever_backend_runs_it(tiny, drafter_backend):
     """An ONNX drafter holds its weights in RAM too: a plan that left it out kept target layers in
     the RAM the drafter needs (measured: 25 of 28 layers planned, passes 1.5× slower)."""
-    from ondevice.catalog.choose import Models
-    from ondevice.loading import LoadOptions, memory_plan
+    from ondevice.catalog.hub import PairFiles
+    from ondevice.loading import LoadOptions, MemoryPlans
 
-    models = Models(name="tiny", description="tiny", target=tiny, drafter=tiny)
-    alone = memory_plan(Models(name="tiny", description="tiny", target=tiny, drafter=None), LoadOptions(target_backend="llama"), "llama")
-    plan = memory_plan(models, LoadOptions(target_backend="llama", vocab_trim=False), "llama", drafter_backend)
+    models = PairFiles(name="tiny", description="tiny", target=tiny, drafter=tiny)
+    alone = MemoryPlans(PairFiles(name="tiny", description="tiny", target=tiny, drafter=None), LoadOptions(target_backend="llama")).plan("llama")
+    plan = MemoryPlans(models, LoadOptions(target_backend="llama", vocab_trim=False)).plan("llama", drafter_backend)
     assert plan.drafter_bytes == ModelSize.from_gguf(tiny).file_bytes > 0
     assert plan.resident_bytes > alone.resident_bytes

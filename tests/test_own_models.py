@@ -69,7 +69,7 @@ def test_drafter_stops_when_the_target_commits_an_id_it_lacks(tiny):
 
 @pytest.mark.parametrize("target, drafter", [("target-padded", "drafter"), ("target", "drafter-padded")])
 def test_padded_pair_generates_exactly_the_target_alone(tiny, target, drafter):
-    kwargs = dict(target=str(tiny[target]), target_backend="llama", n_ctx=256, threads=1)
+    kwargs = dict(target=str(tiny[target]), target_backend="llama", ctx=256, threads=1)
     spec = DraftSpec("best-first", budget=16)
     pipe = load(drafter=str(tiny[drafter]), **kwargs)
     ids = pipe.encode_prompt("the cat sat on")
@@ -92,13 +92,13 @@ def no_network(tmp_path, monkeypatch):
 
 
 def test_without_a_compatible_drafter_the_target_runs_with_prompt_lookup(tiny, no_network, capsys):
-    pipe = load(target=str(tiny["target"]), target_backend="llama", n_ctx=256, threads=1)
+    pipe = load(target=str(tiny["target"]), target_backend="llama", ctx=256, threads=1)
     assert pipe.engine.drafter.model is None and "no compatible drafter found" in capsys.readouterr().err
     prompt = "one two three four five six one two three four five six one two three"
     ids = pipe.encode_prompt(prompt)
     records = list(pipe.stream_tokens(ids, max_tokens=30, spec=DraftSpec("auto", budget=0)))
     assert records[-1].stats.spec.builder == "lookup"
-    alone = load(target=str(tiny["target"]), draft=False, target_backend="llama", n_ctx=256, threads=1)
+    alone = load(target=str(tiny["target"]), draft=False, target_backend="llama", ctx=256, threads=1)
     reference = [t for r in alone.stream_tokens(ids, max_tokens=30, spec=None) for t in r.token_ids]
     assert [t for r in records for t in r.token_ids] == reference
 
@@ -108,7 +108,7 @@ def test_automatic_drafter_is_a_downloaded_model_with_the_same_tokenizer(tiny, n
     models.mkdir()
     (models / "drafter.gguf").write_bytes(tiny["drafter"].read_bytes())
     (models / "a-other.gguf").write_bytes(tiny["other"].read_bytes())  # smaller than drafter.gguf: tried first, refused (another tokenizer)
-    pipe = load(target=str(tiny["target-padded"]), target_backend="llama", n_ctx=256, threads=1)
+    pipe = load(target=str(tiny["target-padded"]), target_backend="llama", ctx=256, threads=1)
     assert pipe.pair.drafter == models / "drafter.gguf"
     assert "drafter: drafter.gguf (already downloaded, same tokenizer)" in capsys.readouterr().err
 
@@ -121,7 +121,7 @@ def test_bad_references_fail_before_loading(tiny):
     with pytest.raises(OndeviceError, match="--drafter and --no-draft contradict"):
         load(target=str(tiny["target"]), drafter=str(tiny["drafter"]), draft=False)
     with pytest.raises(OndeviceError, match="use different tokenizers"):
-        load(target=str(tiny["target"]), drafter=str(tiny["other"]), target_backend="llama", n_ctx=64, threads=1)
+        load(target=str(tiny["target"]), drafter=str(tiny["other"]), target_backend="llama", ctx=64, threads=1)
 
 
 def test_padding_helper_sees_the_same_ids_as_llama_cpp(tiny):

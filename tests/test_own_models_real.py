@@ -15,7 +15,7 @@ def answer(pipe, spec) -> list[int]:
 
 def test_catalog_pair_by_path_equals_the_catalog_pair(real_pair):
     spec = DraftSpec("best-first", budget=8)
-    options = dict(target_backend="llama", n_ctx=512, threads=2)
+    options = dict(target_backend="llama", ctx=512, threads=2)
     with load(**options) as pipe:
         reference, name = answer(pipe, spec), pipe.pair.name
     with load(target=str(real_pair.target), drafter=str(real_pair.drafter), **options) as pipe:

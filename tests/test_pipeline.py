@@ -55,7 +55,7 @@ def test_planner_learns_only_from_the_answers_it_planned(tiny_home, monkeypatch)
     # re-plan: this test is about what is learned, so only acceptance is passed on
     monkeypatch.setattr(autoplan.AutoPlanner, "observe", lambda self, report: (seen.append((self.plans[self.playing].budget, len(report.tree) - 1)),
                                                                               self.tracker.observe(report.tree, report.path)))
-    pipe = ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=512)
+    pipe = ondevice.load("tiny", target_backend="llama", threads=1, ctx=512)
 
     list(pipe.stream(MESSAGES, max_tokens=24, spec=DraftSpec("auto", 0)))
     plan = pipe.plan
@@ -87,7 +87,7 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
         copying.observe_round(True, 6, 6)
     copying.save("tiny")
 
-    backends = load_backends(LoadOptions(pair="tiny", target_backend="llama", threads=1, n_ctx=512))
+    backends = load_backends(LoadOptions(model="tiny", target_backend="llama", threads=1, ctx=512))
     text = io.StringIO()
     show_profile(backends, as_json=True, out=Console(file=text))
     shown = json.loads(text.getvalue())["plan"]
@@ -100,7 +100,7 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
 def test_a_stopped_answer_leaves_the_cache_holding_what_was_shown(tiny_home):
     """Stopping an answer (Ctrl-C in chat: should_stop) leaves the target's cache holding the prompt
     and the shown tokens (all but the last, which becomes the next pass's root): nothing unseen."""
-    with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=512) as pipe:
+    with ondevice.load("tiny", target_backend="llama", threads=1, ctx=512) as pipe:
         ids, shown = pipe.encode_chat(MESSAGES), []
         records = pipe.stream_tokens(ids, max_tokens=200, spec=DraftSpec("chain", 3), should_stop=lambda: len(shown) >= 6)
         for record in records:
@@ -137,7 +137,7 @@ def test_close_frees_models_and_threads_and_the_pair_loads_again(tmp_path, monke
     layer = max(layout.nbytes for layout in plan.layouts.values())
     floor = plan.resident_bytes + 3 * layer  # two ring slots and one decoded layer: nothing stays resident
     options = dict(target_backend="torch", device="cpu", gpu_memory=str(floor), ram_memory=str(3 * layer),
-                   threads=1, n_ctx=256, overlap=True)  # RAM: two disk staging buffers and one layer
+                   threads=1, ctx=256, overlap=True)  # RAM: two disk staging buffers and one layer
 
     def answer(pipe) -> list[int]:
         return [t for r in pipe.stream(MESSAGES, max_tokens=16, spec=DraftSpec("chain", 3)) for t in r.token_ids]

@@ -54,7 +54,7 @@ def fresh_answer(env, monkeypatch, messages, max_tokens: int) -> str:
     from ondevice.protocols import DraftSpec
 
     monkeypatch.setenv("ONDEVICE_HOME", env["ONDEVICE_HOME"])
-    pipe = ondevice.load("tiny", threads=1, n_ctx=512)
+    pipe = ondevice.load("tiny", threads=1, ctx=512)
     try:
         return "".join(r.text for r in pipe.stream(messages, max_tokens=max_tokens, spec=DraftSpec("chain", 4)))
     finally:

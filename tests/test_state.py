@@ -96,7 +96,7 @@ def test_profile_of_the_wrong_shape_is_replaced(used_home, tmp_path, monkeypatch
     home = tmp_path / "home"
     shutil.copytree(used_home[0], home)
     monkeypatch.setenv("ONDEVICE_HOME", str(home))
-    backends = load_backends(LoadOptions(pair="tiny", threads=1, n_ctx=512))
+    backends = load_backends(LoadOptions(model="tiny", threads=1, ctx=512))
     path = profile_path(machine_facts().fingerprint(), "tiny", backends.profile_key)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(content)

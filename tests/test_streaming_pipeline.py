@@ -57,11 +57,11 @@ def answer(pipe, spec):
 
 def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monkeypatch):
     spec = DraftSpec("best-first", 8)
-    with ondevice.load("tiny", target_backend="llama", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.window is None
         in_ram, _ = answer(pipe, spec)
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.streams and pipe.memory.sizes.max_tree <= 64
         assert pipe.engine.target.window is not None and pipe.engine.drafter.model.model.resident
         assert "streams from disk" in pipe.placement
@@ -74,13 +74,14 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
 
 def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them(tiny_home, monkeypatch):
     spec, prompt = DraftSpec("best-first", 4), MESSAGES[0]["content"]
-    with ondevice.load("tiny", target_backend="llama", threads=1, prompts=(prompt,), max_tokens=24) as pipe:
+    answers = loading.Answers((prompt,), 24)
+    with ondevice.load("tiny", answers=answers, target_backend="llama", threads=1) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # in RAM: nothing to win
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=loading.DEFAULT_CTX) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=loading.DEFAULT_CTX) as pipe:
         full, _ = answer(pipe, spec)
         full_plan = pipe.memory
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, prompts=(prompt,), max_tokens=24) as pipe:
+    with ondevice.load("tiny", answers=answers, target_backend="llama", drafter_backend="llama", threads=1) as pipe:
         n_ctx = pipe.engine.target.n_ctx
         need = len(pipe.encode_chat(MESSAGES)) + 24 + pipe.memory.sizes.max_tree + 1
         assert need <= n_ctx < need + 16 + 256 and n_ctx < loading.DEFAULT_CTX
@@ -108,17 +109,17 @@ def ship_tiny_keep_set(home, monkeypatch, name: str = "tiny"):
 def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(tiny_home, monkeypatch):
     drafter, keep = ship_tiny_keep_set(tiny_home, monkeypatch)
     assert shipped.shipped_keep_ids("tiny", "0" * 64) is None  # for another drafter file: nothing
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.target_in_ram and not pipe.engine.drafter.model.vocab_trimmed
     assert build.find_trimmed(drafter) is None  # in RAM the full drafter drafts: nothing written
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.streams and pipe.engine.drafter.model.vocab_trimmed
         trimmed, record = build.trimmed_paths(drafter)
         assert pipe.memory.drafter_bytes == trimmed.stat().st_size < drafter.stat().st_size
         streamed, _ = answer(pipe, DraftSpec("best-first", 4))
     assert build.TrimmedVocab.load(record).keep_ids == tuple(int(i) for i in keep)
-    with ondevice.load("tiny", target_backend="llama", draft=False, threads=1, n_ctx=256) as alone:
+    with ondevice.load("tiny", target_backend="llama", draft=False, threads=1, ctx=256) as alone:
         assert streamed == answer(alone, None)[0]
 
 
@@ -128,10 +129,10 @@ DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 
 def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(tiny_home, monkeypatch):
     monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
     stream_tiny_target(tiny_home, monkeypatch)
-    opts = loading.LoadOptions(pair="tiny", threads=1, n_ctx=256)
+    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256)
     models = pipeline.choose("tiny", None, None, True)
     before = ondevice_threads()
-    loading.pick_backends(opts, models, threads=1)  # nothing saved: measures the streamed target, then each drafter
+    loading.pick_backends(opts, models, 1, loading.MemoryPlans(models, opts))  # nothing saved: measures the streamed target, then each drafter
     assert left_running(before) == []  # the measured target is gone, with its page-cache thread
     (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
     measured = Profile.from_dict(json.loads(path.read_text()))
@@ -142,7 +143,7 @@ def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(t
         measured.drafters = {"llama": FAST_DRAFT if faster == "llama" else SLOW_DRAFT, "onnx": FAST_DRAFT if faster == "onnx" else SLOW_DRAFT}
         measured.curves = measured.curves_for("llama", faster)
         save_profile(measured)
-        with ondevice.load("tiny", threads=1, n_ctx=256) as pipe:
+        with ondevice.load("tiny", threads=1, ctx=256) as pipe:
             assert pipe.memory.streams and pipe.info["drafter_backend"] == faster and pipe.target_backend == "llama"
             spec = pipe.resolve(DraftSpec("auto", 0), Sampling())
             assert spec is not None and spec.builder != "lookup"  # a flat, disk-bound curve: the drafter drafts
@@ -155,21 +156,22 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     ship_tiny_keep_set(tiny_home, monkeypatch, "deep")
     target = ModelSize.from_gguf(tiny_home / "models" / "deep-target.gguf")
     stream_tiny_target(tiny_home, monkeypatch, "deep", extra=max(target.layer_bytes) + target.head_bytes - 1)  # the head, less a byte
-    opts = loading.LoadOptions(pair="deep", threads=1, n_ctx=256)
+    opts = loading.LoadOptions(model="deep", threads=1, ctx=256)
     models = pipeline.choose("deep", None, None, True)
-    assert loading.leanest_drafters(models, opts, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
-    loading.trim_if_streaming(models, opts)
-    trimmed = loading.memory_plan(models, opts, "llama", "llama")
-    assert trimmed.bytes_read_per_pass < loading.memory_plan(models, opts, "llama", "onnx").bytes_read_per_pass
-    assert loading.leanest_drafters(models, opts, "llama") == ("llama",)  # trimmed, it leaves room for the LM head
-    assert loading.pick_backends(opts, models, threads=1) == ("llama", "llama")
+    plans = loading.MemoryPlans(models, opts)
+    assert loading.leanest_drafters(plans, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
+    loading.trim_if_streaming(models, opts, plans)
+    trimmed = plans.plan("llama", "llama")
+    assert trimmed.bytes_read_per_pass < plans.plan("llama", "onnx").bytes_read_per_pass
+    assert loading.leanest_drafters(plans, "llama") == ("llama",)  # trimmed, it leaves room for the LM head
+    assert loading.pick_backends(opts, models, 1, plans) == ("llama", "llama")
     assert not list((tiny_home / "profiles").glob("*.json"))  # decided by memory: no drafter was loaded to be measured
 
     def not_here(*args, **kwargs):
         raise AssertionError("a streaming target's profile is measured in a child process, not in the one that serves")
 
     monkeypatch.setattr(profile_store, "measure_profile", not_here)
-    with ondevice.load("deep", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("deep", threads=1, ctx=256) as pipe:
         assert pipe.info["drafter_backend"] == "llama" and pipe.engine.drafter.model.vocab_trimmed
         assert pipe.memory.bytes_read_per_pass == trimmed.bytes_read_per_pass
         pipe.resolve(DraftSpec("auto", 0), Sampling())  # uses the profile the child measured and saved
@@ -179,5 +181,5 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     measured.targets = {"llama": DISK_BOUND}
     measured.drafters = {"llama": SLOW_DRAFT, "onnx": FAST_DRAFT}  # ONNX Runtime drafting faster does not win back the RAM
     save_profile(measured)
-    with ondevice.load("deep", threads=1, n_ctx=256) as pipe:
+    with ondevice.load("deep", threads=1, ctx=256) as pipe:
         assert pipe.info["drafter_backend"] == "llama"

@@ -182,13 +182,13 @@ def test_measure_caches_the_curve_and_removes_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     monkeypatch.setattr(timing, "CpuMeter", QuietMeter)  # a busy machine caches nothing (tests/test_synthetic_busy.py)
     model = from_preset(tiny_shape("qwen2"))
-    m = measure(model, LoadOptions(target_backend="llama", n_ctx=128), ns=(1, 2, 4), show=False)
+    m = measure(model, LoadOptions(target_backend="llama", ctx=128), ns=(1, 2, 4), show=False)
     assert m.curve.ns == (1, 2, 4) and all(t > 0 for t in m.curve.seconds)
     assert m.traffic.bytes_per_pass == sum(t.nbytes for t in model.tensors if t.name != "token_embd.weight")
     assert list(models_dir().iterdir()) == []  # not kept
     cached = load_measurement(machine_facts().fingerprint(), "tiny-qwen2", "target", m.backend)
     assert cached is not None and cached.curve == m.curve and cached.traffic == m.traffic
-    drafter = measure(from_preset(tiny_shape("qwen2"), "drafter"), LoadOptions(n_ctx=128), show=False, keep=True)
+    drafter = measure(from_preset(tiny_shape("qwen2"), "drafter"), LoadOptions(ctx=128), show=False, keep=True)
     assert drafter.curve.ns == (1, 2, 4, 8, 16, 32, 64, 128)
     assert [p.name for p in models_dir().iterdir()] == ["tiny-qwen2-seed0.gguf"]  # kept, reused next time
 
@@ -199,7 +199,7 @@ def test_disk_tier_reports_the_bytes_read_from_disk_per_pass(tmp_path, monkeypat
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     model = from_preset(ModelShape("tiny8", "qwen2", 8, 256, 512, 4, 2, 64, 512))
     layer = [sum(t.nbytes for t in model.tensors if t.name.startswith(f"blk.{i}.")) for i in range(8)]
-    opts = LoadOptions(target_backend="torch", gpu_memory="18MB", ram_memory="1500KB", n_ctx=256)
+    opts = LoadOptions(target_backend="torch", gpu_memory="18MB", ram_memory="1500KB", ctx=256)
     m = measure(model, opts, ns=(1, 4), show=False)
     assert m.placement.startswith("8 layers: 2 on CPU, 2 streamed from RAM, 4 from disk")
     assert m.traffic.source == "disk" and m.traffic.reference == "disk read" and m.traffic.reference_gbps > 0
@@ -230,9 +230,9 @@ def test_a_llama_target_that_does_not_fit_streams_as_the_memory_plan_says(tmp_pa
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     model = from_preset(ModelShape("mid8", "qwen2", 8, 1024, 4096, 8, 2, 128, 512))  # 74 MB: weights outweigh buffers
-    in_ram = memory_plan(model, LoadOptions(target_backend="llama", n_ctx=256))
+    in_ram = memory_plan(model, LoadOptions(target_backend="llama", ctx=256))
     budget = in_ram.resident_bytes + in_ram.target.working_bytes // 2 + MARGIN  # room for half the weights: they stream
-    opts = LoadOptions(target_backend="llama", n_ctx=256, ram_memory=str(budget))
+    opts = LoadOptions(target_backend="llama", ctx=256, ram_memory=str(budget))
     plan = memory_plan(model, opts)
     assert plan.streams and plan.cache_room >= plan.target.streamed_window
     m = measure(model, opts, ns=(1, 4), show=False)
@@ -280,7 +280,7 @@ def test_synthetic_target_streams_from_pinned_ram_to_the_gpu(tmp_path, monkeypat
     moved = [plan.layouts[i].nbytes for i in range(8)]
     budget = plan.resident_bytes + 2 * max(moved) + max(decoded) + 2 * max(decoded) + min(decoded) // 2  # floor + 2 layers
     (model,) = resolve(str(path))
-    m = measure(model, LoadOptions(target_backend="torch", gpu_memory=str(budget), n_ctx=256), ns=(1, 16, 256), show=False)
+    m = measure(model, LoadOptions(target_backend="torch", gpu_memory=str(budget), ctx=256), ns=(1, 16, 256), show=False)
     assert m.traffic.source == "pinned RAM → GPU" and "2 on GPU, 6 streamed from RAM" in m.placement
     assert 6 * min(moved) <= m.traffic.bytes_per_pass <= 6 * max(moved)
     assert m.traffic.reference_gbps > 0 and m.traffic.copy_gbps > 0

@@ -49,7 +49,7 @@ def test_a_measurement_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     procs = spinners(max(3, 2 * (os.cpu_count() or 1)))
     try:
-        m = measure(from_preset(MID), LoadOptions(target_backend="llama", n_ctx=256), ns=SIZES, show=False)
+        m = measure(from_preset(MID), LoadOptions(target_backend="llama", ctx=256), ns=SIZES, show=False)
     finally:
         for p in procs:
             p.kill()
@@ -64,7 +64,7 @@ def test_a_measurement_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
 def test_a_measurement_on_a_quiet_machine_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     monkeypatch.setattr(timing, "CpuMeter", QuietMeter)
-    m = measure(from_preset(TINY), LoadOptions(target_backend="llama", n_ctx=128), ns=(1, 2), show=False)
+    m = measure(from_preset(TINY), LoadOptions(target_backend="llama", ctx=128), ns=(1, 2), show=False)
     assert m.busy_cores is None and busy_line(m) is None
     cached = load_measurement(machine_facts().fingerprint(), TINY.name, "target", m.backend)
     assert cached is not None and cached.curve == m.curve
@@ -80,7 +80,7 @@ def test_the_cli_says_it_did_not_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(synthetic_bench, "err", Console(file=err, width=200))
     procs = spinners(max(3, 2 * (os.cpu_count() or 1)))
     try:
-        synthetic_bench.run_synthetic(MID.name, SIZES, False, False, True, LoadOptions(target_backend="llama", n_ctx=256))
+        synthetic_bench.run_synthetic(MID.name, SIZES, False, False, True, LoadOptions(target_backend="llama", ctx=256))
     finally:
         for p in procs:
             p.kill()

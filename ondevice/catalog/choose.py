@@ -11,32 +11,20 @@ If there is none, the target runs alone with prompt lookup (a drafter that needs
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from ondevice import paths
 from ondevice.catalog import hub, refs
+from ondevice.catalog.hub import PairFiles
 from ondevice.catalog.pairs import list_pairs, load_pair
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import SPLIT_NAME, model_bytes, part_paths
 from ondevice.prompt.tokenizer import Tokenizer, vocab_mismatch
 
 
-@dataclass(frozen=True)
-class Models:
-    """The files one pipeline runs, and the names it is known by (profiles, acceptance, output)."""
-
-    name: str  # catalog pair name, or one made from the file names
-    description: str
-    target: Path
-    drafter: Path | None  # None: no drafter model (--no-draft, or none compatible: prompt lookup only)
-    target_sha256: str | None = None  # when known (catalog pin or recorded hub digest)
-    drafter_sha256: str | None = None
-
-
-def choose(pair: str | None, target: str | None, drafter: str | None, draft: bool, console: Console | None = None) -> Models:
+def choose(pair: str | None, target: str | None, drafter: str | None, draft: bool, console: Console | None = None) -> PairFiles:
     """The files to run for these load options, downloaded and verified as needed."""
     console = console or Console(stderr=True)
     if target is None:
@@ -44,10 +32,10 @@ def choose(pair: str | None, target: str | None, drafter: str | None, draft: boo
         target_path = hub.ensure_file(spec.target, console, announce_cached=False)
         if drafter is None:
             drafter_path = hub.ensure_file(spec.drafter, console, announce_cached=False) if draft else None
-            return Models(spec.name, spec.description, target_path, drafter_path, hub.digest_of(spec.target),
+            return PairFiles(spec.name, spec.description, target_path, drafter_path, hub.digest_of(spec.target),
                           hub.digest_of(spec.drafter) if draft else None)
         drafter_path = refs.local_model(drafter, console)
-        return Models(_name(target_path, drafter_path), f"{spec.target.label}, drafted by {drafter_path.name}",
+        return PairFiles(_name(target_path, drafter_path), f"{spec.target.label}, drafted by {drafter_path.name}",
                       target_path, drafter_path, hub.digest_of(spec.target))
     target_path = refs.local_model(target, console)
     if not draft:
@@ -58,9 +46,9 @@ def choose(pair: str | None, target: str | None, drafter: str | None, draft: boo
         drafter_path = auto_drafter(target_path, console)
     for known in list_pairs():  # a catalog pair's own two files, given by path: the same pair (profiles, acceptance)
         if drafter_path and _same(hub.local_path(known.target), target_path) and _same(hub.local_path(known.drafter), drafter_path):
-            return Models(known.name, known.description, target_path, drafter_path, hub.digest_of(known.target), hub.digest_of(known.drafter))
+            return PairFiles(known.name, known.description, target_path, drafter_path, hub.digest_of(known.target), hub.digest_of(known.drafter))
     text = f"{target_path.name}, drafted by {drafter_path.name}" if drafter_path else f"{target_path.name} (no drafter model)"
-    return Models(_name(target_path, drafter_path), text, target_path, drafter_path)
+    return PairFiles(_name(target_path, drafter_path), text, target_path, drafter_path)
 
 
 def _same(a: Path, b: Path) -> bool:

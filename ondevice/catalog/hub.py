@@ -55,10 +55,15 @@ CHUNK_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class PairFiles:
-    """Local paths of a pair's verified GGUF files."""
+    """A pair's local files, the ones one pipeline runs, and the name it is known by (profiles,
+    acceptance, output): a catalog pair's (`ensure_pair`) or your own (`choose.choose`)."""
 
+    name: str  # catalog pair name, or one made from the file names
+    description: str
     target: Path
-    drafter: Path
+    drafter: Path | None  # None: no drafter model (--no-draft, or none compatible: prompt lookup only)
+    target_sha256: str | None = None  # when known (catalog pin or recorded hub digest)
+    drafter_sha256: str | None = None
 
 
 class ChecksumMismatch(OndeviceError):
@@ -75,11 +80,11 @@ SourceFailed = hf_source.SourceFailed  # one source could not deliver a file; th
 def ensure_pair(
     pair: ModelPair, console: Console | None = None, *, force: bool = False, offline_ok: bool = False, announce_cached: bool = True
 ) -> PairFiles:
-    """Paths of the pair's target and drafter, downloaded and verified as needed (see ensure_file)."""
+    """The pair's target and drafter, downloaded and verified as needed (see ensure_file)."""
     console = console or Console(stderr=True)
     target = ensure_file(pair.target, console, force=force, offline_ok=offline_ok, announce_cached=announce_cached)
     drafter = ensure_file(pair.drafter, console, force=force, offline_ok=offline_ok, announce_cached=announce_cached)
-    return PairFiles(target=target, drafter=drafter)
+    return PairFiles(pair.name, pair.description, target, drafter, digest_of(pair.target), digest_of(pair.drafter))
 
 
 def ensure_file(

@@ -19,7 +19,7 @@ from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, load_pipeline, make_spec, rounds_text
 from ondevice.cli.profile_cmd import curves_table
 from ondevice.errors import OndeviceError
-from ondevice.loading import LoadOptions
+from ondevice.loading import Answers, LoadOptions
 from ondevice.machine.facts import machine_facts
 from ondevice.machine.ram import peak_rss
 from ondevice.plan.profile import get_profile
@@ -244,12 +244,12 @@ def bench(
         specs = [None]
     pairs = parse_backends(backends) if backends else [None]
     texts = prompt_sets.SETS[prompt_set][: limit or None]
-    load = replace(load, prompts=tuple(texts), max_tokens=max_tokens)  # a streaming target's context is sized to them
+    answers = Answers(tuple(texts), max_tokens)  # a streaming target's context is sized to them
     names = [llamacpp_rows.llamacpp_name(n) for n in parse_list(baselines)] if baselines else []
     best, report, curves, reference = {}, None, None, None  # best: config -> its fastest round
     for round_no in range(rounds):
         for i, pair in enumerate(pairs):
-            pipe = load_pipeline(load if pair is None else replace(load, target_backend=pair[0], drafter_backend=pair[1]))
+            pipe = load_pipeline(load if pair is None else replace(load, target_backend=pair[0], drafter_backend=pair[1]), answers)
             if len(pairs) > 1 and curves is None:
                 curves = measure_curves(pipe, as_json)  # the backends' latency curves, in this run
             prefix = f"{pipe.target_backend}/{pipe.info.get('drafter_backend') or '-'}: " if len(pairs) > 1 else ""

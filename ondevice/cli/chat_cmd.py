@@ -11,11 +11,12 @@ dropped, with a one-line notice.
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 
 import typer
 
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import console, err, load_pipeline, make_spec, stats_line
+from ondevice.cli.decoding import Decoding, console, err, load_pipeline, make_spec, stats_line
 from ondevice.cli.terminal import LineReader, ctrl_c_stops_the_answer
 from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
@@ -77,26 +78,19 @@ def _on_off(value: str) -> bool:
 
 
 @opt.load_options
+@opt.decoding_options(max_tokens=1024)
 def chat(
-    max_tokens: opt.MaxTokens = 1024,
-    temperature: opt.Temperature = 0.0,
-    top_p: opt.TopP = 1.0,
-    top_k: opt.TopK = 0,
-    seed: opt.Seed = 0,
-    tree: opt.Tree = "auto",
-    budget: opt.Budget = None,
     system: str = typer.Option("", "--system", help="System prompt."),
-    think: opt.Think = None,
     *,
+    decoding: Decoding,
     load: LoadOptions,
 ) -> None:
     """Chat with the model in the terminal (downloads the default pair on first use)."""
-    settings = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, tree=tree, budget=budget, system=system,
-                    think=think)
+    settings = {**asdict(decoding), "system": system}
     no_draft = not load.draft
-    make_spec(tree, budget, no_draft, Sampling(temperature, top_p, top_k, seed))  # bad options fail before loading
+    decoding.spec(load.draft)  # bad options fail before loading
     with load_pipeline(load) as pipe:
-        err.print(f"[dim]{pipe.pair.description} · target on {pipe.target_backend} {pipe.placement} · /help for commands, /bye to exit[/]")
+        err.print(f"[dim]{pipe.pair.description} · {pipe.placement_line()} · /help for commands, /bye to exit[/]")
         converse(pipe, settings, no_draft)
 
 
@@ -132,7 +126,7 @@ def handle_command(message: str, settings: dict, history: list, pipe) -> None:
     elif cmd == "/set":
         apply_set(settings, args)
     elif cmd == "/show":
-        console.print(f"model {pipe.pair.name} · target backend {pipe.target_backend} {pipe.placement}")
+        console.print(f"model {pipe.pair.name} · {pipe.placement_line()}")
         console.print(", ".join(f"{k}={v!r}" for k, v in settings.items()))
     elif cmd == "/clear":
         history.clear()

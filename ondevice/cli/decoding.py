@@ -1,21 +1,23 @@
-"""What generate, chat and bench share: the consoles, loading with a spinner, the draft spec made
-from --tree/--budget, and the stats line printed after each answer."""
+"""What generate, chat and bench share: the consoles, loading with a spinner, how to answer
+(`Decoding`: the draft spec made from --tree/--budget, the sampling) and the stats line printed
+after each answer."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rich.console import Console
 
 from ondevice import pipeline
 from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
-from ondevice.loading import LoadOptions
+from ondevice.loading import Answers, LoadOptions
 from ondevice.pipeline import Pipeline
 from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
 from ondevice.verify import Sampling
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
-
 
 
 def check_budget(budget: int) -> None:
@@ -35,6 +37,29 @@ def make_spec(tree: str, budget: int | None, no_draft: bool, sampling: Sampling)
     budget = DEFAULT_BUDGET[tree] if budget is None else budget
     check_budget(budget)
     return DraftSpec(builder=tree, budget=budget, temperature=sampling.temperature, seed=sampling.seed)
+
+
+@dataclass
+class Decoding:
+    """How to answer, as chat and generate take it from their flags (chat's /set changes it): how
+    long, how to sample, how to draft."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    tree: str = "auto"
+    budget: int | None = None
+    think: bool | None = None  # Qwen3's thinking switch; None: the chat template's default
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p, self.top_k, self.seed)
+
+    def spec(self, draft: bool = True) -> DraftSpec | None:
+        """The draft spec of --tree/--budget (None: --no-draft, the target alone); OndeviceError if bad."""
+        return make_spec(self.tree, self.budget, not draft, self.sampling)
 
 
 def stats_line(stats: Stats, pipe=None) -> str:
@@ -83,7 +108,7 @@ def _arm_text(arm: dict) -> str:
     return f"{name} {measured}{predicted}"
 
 
-def load_pipeline(load: LoadOptions) -> Pipeline:
-    """Load (and on first use download) the pipeline, with a spinner on stderr."""
+def load_pipeline(load: LoadOptions, answers: Answers | None = None) -> Pipeline:
+    """Load (and on first use download) the pipeline, with a spinner on stderr; answers: see `loading.Answers`."""
     with err.status("loading models…") as spinner:
-        return pipeline.load_pipeline(load, status=lambda message: spinner.update(f"{message}…"))
+        return pipeline.load_pipeline(load, status=lambda message: spinner.update(f"{message}…"), answers=answers)

@@ -37,13 +37,13 @@ def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOp
 
     For a catalog pair that is not downloaded: its predicted speed here instead (`ondevice models
     --predict`), from synthetic curves; nothing is downloaded."""
-    if load.target is None and load.drafter is None and not _downloaded(load_pair(load.pair)):
+    if load.target is None and load.drafter is None and not _downloaded(load_pair(load.model)):
         from ondevice.cli.forecast_view import show_forecasts  # lazy: the synthetic measurements import torch (~1 s)
 
-        show_forecasts([load_pair(load.pair)], as_json, console, load)
+        show_forecasts([load_pair(load.model)], as_json, console, load)
         if not as_json:
-            console.print(f"[dim]{load_pair(load.pair).name} is not downloaded: this is a prediction. "
-                          f"`ondevice download {load_pair(load.pair).name}` and run again to profile the real files.[/]")  # fmt: skip
+            console.print(f"[dim]{load_pair(load.model).name} is not downloaded: this is a prediction. "
+                          f"`ondevice download {load_pair(load.model).name}` and run again to profile the real files.[/]")  # fmt: skip
         return
     backends = load_backends(load)  # the pipeline chooses the backends (one place)
     show_profile(backends, as_json=as_json, refresh=refresh)

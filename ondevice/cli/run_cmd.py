@@ -4,38 +4,29 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 
 import typer
 
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import err, load_pipeline, make_spec, stats_line
+from ondevice.cli.decoding import Decoding, err, load_pipeline, stats_line
 from ondevice.engine import Stats
-from ondevice.loading import LoadOptions
+from ondevice.loading import Answers, LoadOptions
 from ondevice.machine.ram import peak_rss
-from ondevice.verify import Sampling
 
 
 @opt.load_options
+@opt.decoding_options()
 def generate(
     prompt: str = typer.Argument(..., help="The prompt (sent through the chat template unless --raw)."),
-    max_tokens: opt.MaxTokens = 256,
-    temperature: opt.Temperature = 0.0,
-    top_p: opt.TopP = 1.0,
-    top_k: opt.TopK = 0,
-    seed: opt.Seed = 0,
-    tree: opt.Tree = "auto",
-    budget: opt.Budget = None,
     raw: bool = typer.Option(False, "--raw", help="Send the prompt as is, without the chat template."),
-    think: opt.Think = None,
     as_json: opt.Json = False,
     *,
+    decoding: Decoding,
     load: LoadOptions,
 ) -> None:
     """Generate one answer for PROMPT and exit."""
-    sampling = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    spec = make_spec(tree, budget, not load.draft, sampling)
-    pipe = load_pipeline(replace(load, prompts=(prompt,), max_tokens=max_tokens))  # a streaming target's context is sized to them
+    sampling, spec, think, max_tokens = decoding.sampling, decoding.spec(load.draft), decoding.think, decoding.max_tokens
+    pipe = load_pipeline(load, Answers((prompt,), max_tokens))  # a streaming target's context is sized to them
     if think is not None and not pipe.tokenizer.can_switch_thinking:
         err.print(f"[dim]{pipe.pair.target.name}'s chat template has no thinking switch: --{'' if think else 'no-'}think changes nothing[/]")
     ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}], think=think)

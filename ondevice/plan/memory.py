@@ -217,6 +217,16 @@ class MemoryPlan:
     def placement(self) -> str:
         return "ram" if self.target_in_ram else "disk"
 
+    def llama_target_sizes(self) -> dict:
+        """The llama.cpp target's keyword arguments this plan sets (target/loader.py opens it)."""
+        return {"max_tree_nodes": self.sizes.max_tree, "n_ubatch": self.sizes.target_ubatch, "streams": self.streams,
+                "window": self.ahead, "kv_type": self.kv_type, "kept_layers": self.kept_layers(self.ahead)}
+
+    def llama_drafter_sizes(self) -> dict:
+        """The llama.cpp drafter's keyword arguments this plan sets: buffers sized, weights resident
+        (read, not mapped) when the target streams (draft/loader.py opens it)."""
+        return {"max_tree": self.sizes.max_tree, "resident": self.streams, "kv_type": self.kv_type, "n_batch": self.sizes.drafter_ubatch}
+
     def kept_layers(self, ahead: int) -> tuple[int | str, ...]:
         """What a streaming target keeps cached between passes when the page cache is steered
         (target/page_cache.py) with `ahead` layers in flight, in what the room left holds after the
