@@ -1,4 +1,5 @@
-"""Opening a target: the backend's class, given the context, the threads and (llama.cpp) the memory plan.
+"""Opening a target: the backend's class, given the context, the threads and (llama.cpp) the memory
+plan's sizes.
 
 `loading.plan_load` chooses the backend and plans the memory; this file only opens what it chose.
 """
@@ -13,10 +14,11 @@ from ondevice.target.llama_target import LlamaTarget
 
 def load_target(backend: str, path: Path, n_ctx: int, threads: int, sized: dict | None = None, device: str | None = None,
                 gpu_memory: str | None = None, ram_memory: str | None = None, max_tree: int = MAX_BUDGET):
-    """The target on `backend` ("llama" or "torch"; the ONNX target is onnx/target.py's, a floor above). A llama.cpp target is sized and placed
-    as `sized` says (the memory plan's `llama_target_sizes`; None: llama.cpp's defaults); a torch one
-    goes to `device` (default: cuda if there is one) and, on a GPU or within the budgets, has its
-    layers placed by the offloader for passes of up to `max_tree` tokens."""
+    """The target on `backend`, "llama" or "torch" (the ONNX target is onnx/target.py's, a floor
+    above). A llama.cpp target is sized and placed as `sized` says (the memory plan's
+    `llama_target_sizes`; None: llama.cpp's defaults); a torch one goes to `device` (default: cuda if
+    there is one) and, on a GPU or within the budgets, has its layers placed by the offloader for
+    passes of up to `max_tree` tokens."""
     if backend == "llama":
         return LlamaTarget(path, n_ctx=n_ctx, threads=threads, **(sized or {}))
     import torch  # lazy: torch (~1 s) only for the torch target
