@@ -176,11 +176,6 @@ def largest_tree(on_gpu: bool) -> int:
     return MAX_BUDGET if on_gpu else CPU_MAX_TREE
 
 
-def _on_gpu(opts: LoadOptions) -> bool:
-    """Whether a torch target goes to a GPU: --device, else cuda where there is one."""
-    return (opts.device or ("cuda" if cuda_available() else "cpu")).startswith("cuda")
-
-
 def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOptions, memory: MemoryPlan | None):
     """The target on `backend`: the ONNX one (onnx/target.py), else as target/loader.py opens it,
     sized by `memory` (None: llama.cpp's defaults)."""
@@ -189,7 +184,7 @@ def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOp
 
         return OnnxTarget.from_gguf(path, n_ctx=n_ctx, threads=threads)
     sized = memory.llama_target_sizes() if memory is not None else None
-    return load_target(backend, path, n_ctx, threads, sized, opts.device, opts.gpu_memory, opts.ram_memory, largest_tree(_on_gpu(opts)))
+    return load_target(backend, path, n_ctx, threads, sized, opts.device, opts.gpu_memory, opts.ram_memory, largest_tree(on_gpu=False))
 
 
 def pick_backends(opts: LoadOptions, files: PairFiles, threads: int, plans: MemoryPlans) -> tuple[str, str]:
