@@ -19,7 +19,7 @@ from ondevice.errors import OndeviceError
 from ondevice.kvcache import kept_prefix
 from ondevice.overlap import Guess, Overlap
 from ondevice.machine.ram import disk_read_bytes
-from ondevice.protocols import Drafter, DraftSpec, Target, config_label
+from ondevice.protocols import Drafter, DraftSpec, StreamCounters, Target, config_label
 from ondevice.tree import DraftTree
 from ondevice.verify import Sampling, verify
 
@@ -59,6 +59,8 @@ class Stats:
     overlap_hits: float = 0.0  # rounds drafted during the last pass: a prepared tree used counts 1, a carried search its share
     total_seconds: float = 0.0
     disk_read_bytes: int | None = None  # read from storage while decoding (None: the OS does not say)
+    page_wait_seconds: float | None = None  # of verify_seconds: a streaming target's passes waiting for pages (None: not measured)
+    disk_busy_seconds: float | None = None  # while decoding, the target file's disk had a read in flight (any process's)
     pass_seconds: list[tuple[int, float]] = field(default_factory=list)  # (tree nodes, seconds) per target pass
     finish_reason: str = ""
     accepted_per_pass: list[int] = field(default_factory=list)
@@ -76,6 +78,25 @@ class Stats:
         if self.disk_read_bytes is None or not self.target_passes:
             return None
         return self.disk_read_bytes / self.target_passes
+
+    @property
+    def target_compute_seconds(self) -> float:
+        """verify_seconds less the streaming target's waits for the disk: computing and verifying."""
+        return self.verify_seconds - (self.page_wait_seconds or 0.0)
+
+    @property
+    def disk_utilization(self) -> float | None:
+        """Share of decoding during which the target's disk was reading (None: not measured)."""
+        if self.disk_busy_seconds is None or self.decode_seconds <= 0:
+            return None
+        return self.disk_busy_seconds / self.decode_seconds
+
+    def round_split(self) -> dict[str, float | None]:
+        """Where decoding's time went, in seconds: drafting, the target computing (and verifying),
+        waiting for the disk (a streaming target), and the rest; they add up to decode_seconds
+        (drafting that ran beside a target pass is counted once, as the target's)."""
+        return {"draft": self.draft_seconds - self.concurrent_seconds, "target_compute": self.target_compute_seconds,
+                "disk_wait": self.page_wait_seconds, "overhead": self.overhead_seconds}
 
     @property
     def decode_seconds(self) -> float:
@@ -100,6 +121,10 @@ class Stats:
                 setattr(self, f.name, dict(Counter(mine) + Counter(theirs)))
             elif theirs is not None:
                 setattr(self, f.name, mine + theirs)
+
+
+def _grown(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
 
 
 def within_window(spec: DraftSpec | None, room: int) -> DraftSpec | None:
@@ -197,6 +222,7 @@ class SpecEngine:
         start = time.perf_counter()
         self._sync_prompt(prompt, stats)
         read_at_start = disk_read_bytes()
+        streamed_at_start = self._stream_counters()
         rng = np.random.default_rng(sampling.seed)
         context = list(prompt)
         room = self.target.n_ctx - len(prompt)
@@ -252,4 +278,12 @@ class SpecEngine:
         stats.total_seconds = time.perf_counter() - start
         read_now = disk_read_bytes()
         stats.disk_read_bytes = None if read_now is None or read_at_start is None else read_now - read_at_start
+        streamed_now = self._stream_counters()
+        if streamed_at_start is not None and streamed_now is not None:
+            stats.page_wait_seconds = _grown(streamed_at_start.page_wait_seconds, streamed_now.page_wait_seconds)
+            stats.disk_busy_seconds = _grown(streamed_at_start.disk_busy_seconds, streamed_now.disk_busy_seconds)
         yield stats
+
+    def _stream_counters(self) -> StreamCounters | None:
+        counters = getattr(self.target, "stream_counters", None)
+        return counters() if counters is not None else None

@@ -185,6 +185,8 @@ class Pipeline:
             "anon_rss_bytes": anon_rss(),
             "disk_read_bytes": stats.disk_read_bytes,  # read from storage while decoding
             "bytes_read_per_pass": stats.bytes_read_per_pass,
+            "round_split_seconds": stats.round_split(),  # draft / target_compute / disk_wait / overhead: adds up to decoding
+            "disk_utilization": stats.disk_utilization,  # share of decoding the target's disk was reading
         }
 
     def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:

@@ -46,6 +46,17 @@ class Target(Protocol):
         """Keep the cache entries of these tree nodes (a root-first path, path[0] == 0), drop the rest."""
         ...
 
+    # Optional: `stream_counters() -> StreamCounters`, on a target that streams its weights from disk
+    # (target/llama_target.py with a page-cache window); the engine reports their growth per answer.
+
+
+@dataclass(frozen=True)
+class StreamCounters:
+    """Running totals of a streaming target since it was opened (None: not measured here)."""
+
+    page_wait_seconds: float | None  # its passes waited this long for pages from the disk
+    disk_busy_seconds: float | None  # its file's block device had a read in flight this long (machine/disk_io.py)
+
 
 MAX_BUDGET = 2048  # the most drafted nodes per target pass any drafter or --budget accepts
 

@@ -136,3 +136,20 @@ def test_a_prefetched_layer_longer_than_one_readahead_is_read_whole(uncached_fil
         time.sleep(0.05)
     assert resident_fraction(layer) > 0.95
     window.close()
+
+
+def test_an_answers_time_split_adds_up_and_the_disk_busy_time_is_reported(tiny):
+    """The engine's stats of a streaming target: draft / target compute / disk wait (not measured:
+    None) / overhead sum to the decoding time; the disk's busy time comes from the block device."""
+    from ondevice.engine import SpecEngine, Stats
+    from ondevice.machine.disk_io import stat_file
+
+    target = LlamaTarget(tiny, n_ctx=128, threads=1, max_tree_nodes=16, n_ubatch=64, streams=True, window=1)
+    engine = SpecEngine(target, None, is_end=lambda token: False)
+    stats = [s for s in engine.generate([5, 17, 42, 9], max_tokens=6) if isinstance(s, Stats)][-1]
+    split = stats.round_split()
+    assert split["disk_wait"] is None
+    assert sum(v for v in split.values() if v is not None) == pytest.approx(stats.decode_seconds, abs=1e-6)
+    if stat_file(tiny) is not None:
+        assert stats.disk_busy_seconds is not None and 0 <= stats.disk_utilization <= 1.05
+    target.close()

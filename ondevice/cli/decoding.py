@@ -65,13 +65,13 @@ class Decoding:
 def stats_line(stats: Stats, pipe=None) -> str:
     """The one line after an answer: speed, passes, time split, how its rounds were drafted and,
     when the planner chose (--tree auto), what it measured and predicted."""
-    busy = stats.draft_seconds + stats.verify_seconds + max(stats.overhead_seconds, 0.0)
     split = ""
-    if busy > 0:
-        split = (
-            f" · draft {100 * stats.draft_seconds / busy:.0f}% / verify {100 * stats.verify_seconds / busy:.0f}%"
-            f" / other {100 * max(stats.overhead_seconds, 0) / busy:.0f}%"
-        )
+    if stats.decode_seconds > 0:
+        parts = {name: seconds for name, seconds in stats.round_split().items() if seconds is not None}
+        names = {"draft": "draft", "target_compute": "target", "disk_wait": "disk wait", "overhead": "other"}
+        split = " · " + " / ".join(f"{names[n]} {100 * max(s, 0.0) / stats.decode_seconds:.0f}%" for n, s in parts.items())
+        if stats.disk_utilization is not None:
+            split += f" · disk busy {100 * stats.disk_utilization:.0f}%"
     return (
         f"{stats.tokens} tokens · {stats.tokens_per_second:.1f} tok/s · {stats.tokens_per_pass:.2f} tokens/pass"
         f" over {stats.target_passes} target passes{split} · prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s"

@@ -19,6 +19,8 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel, layer_callback
+from ondevice.machine.disk_io import read_counters, stat_file
+from ondevice.protocols import StreamCounters
 from ondevice.target.page_cache import LayerWindow
 from ondevice.tree import DraftTree
 
@@ -60,6 +62,7 @@ class LlamaTarget:
         ahead and paging out the finished ones except `kept_layers` (page_cache.LayerWindow)."""
         self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams)
         self.window = LayerWindow.open(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
+        self.disk_stat = stat_file(model_path) if streams else None
         max_tree_nodes = min(max_tree_nodes, n_ctx)
         n_seq = min(LLAMA_MAX_SEQUENCES, max_tree_nodes)  # the main sequence and one per leaf
         self.ctx = LlamaContext(
@@ -118,6 +121,15 @@ class LlamaTarget:
             self.window.pass_starts()
         logits = self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool))
         return np.array(logits)  # own copy: llama.cpp reuses its buffer on the next decode
+
+    def stream_counters(self) -> StreamCounters | None:
+        """The disk's busy time so far (None: the target does not stream). Its passes' waits for
+        pages are not measured: the window prefetches from llama.cpp's callback and does not see
+        when a read ends."""
+        if self.disk_stat is None:
+            return None
+        disk = read_counters(self.disk_stat)
+        return StreamCounters(None, disk.busy_seconds if disk else None)
 
     def commit(self, path: Sequence[int]) -> None:
         if self._pending is None:
