@@ -102,6 +102,7 @@ def test_forecast_from_measured_curves_borrows_the_default_pairs_acceptance_and_
     acceptance p = [0.5, 0, 0, ...] (only the drafter's first choice is ever right): the best tree
     is a chain as deep as the plan allows (4 nodes), emitting 1 + 0.5 + 0.25 + 0.125 + 0.0625 tokens
     per 2 s pass, by hand."""
+    from ondevice.cli.synthetic_bench import forecast_lines, pair_forecast
     from ondevice.synthetic import forecast as forecast_module
 
     p_half = np.array([0.5] + [0.0] * 7)
@@ -115,5 +116,9 @@ def test_forecast_from_measured_curves_borrows_the_default_pairs_acceptance_and_
     assert f.speculative.budget <= 4  # the memory plan's largest tree
     assert f.speculative.predicted_tokens_per_pass == pytest.approx(1.9375, rel=1e-6)
     assert f.speculative.predicted_tokens_per_second == pytest.approx(1.9375 / 2.0, rel=1e-3)
+    lines = forecast_lines(pair_forecast("qwen2.5-7b", {"target": target, "drafter": drafter}))  # as `bench --synthetic` prints it
+    assert "a forecast, not a measurement" in lines[0] and "measured on qwen2.5-coder-1.5b" in lines[0] and "cgroup 3.5 GB" in lines[0]
+    assert lines[1] == "  target alone: 0.50 tok/s" and "0.97 tok/s (1.94 tokens per pass" in lines[2]
+    assert pair_forecast("qwen2.5-7b", {"target": target}) is None and pair_forecast("qwen3-8b-ish", {}) is None
     own.clear()  # the default pair has not run here either: the family's prior, named so
     assert forecast_measured(load_pair("qwen2.5-7b"), target, drafter).acceptance == "prior"

@@ -32,7 +32,7 @@ from ondevice.machine.facts import Bandwidths, machine_facts, measure_disk_read,
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import measure_drafter_timing, measure_target_curve, measure_target_timing
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
-from ondevice.synthetic.pass_meter import PassMeter
+from ondevice.synthetic.pass_meter import PassMeter, pass_counters
 from ondevice.synthetic.quant_mix import file_bytes, preset_size
 from ondevice.synthetic.sources import SyntheticModel
 from ondevice.synthetic.writer import write_synthetic_gguf
@@ -128,7 +128,7 @@ def measure(
                 timing = measure_drafter_timing(runner.probe_batch, sizes, show=show)
                 placement, traffic = "on CPU (llama.cpp drafter)", _resident_traffic(model, bandwidths, "RAM")
             else:
-                meter = PassMeter(runner)  # what each pass read from storage, beside the plan's prediction
+                meter = PassMeter(runner, pass_counters(path))  # what each pass read from storage, beside the plan's prediction
                 timing, _ = measure_target_timing(meter, sizes, show=show, prune=False)
                 placement, traffic = where_it_ran(runner, model, bandwidths, memory)
         finally:

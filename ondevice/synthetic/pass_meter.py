@@ -1,6 +1,6 @@
 """What each measured target pass cost besides its time: bytes read from storage, per pass size.
 
-    meter = PassMeter(target)                 # stands in for the target while its curve is timed
+    meter = PassMeter(target, pass_counters(path))   # stands in for the target while its curve is timed
     measure_target_timing(meter, ns)
     meter.summary()   # {"ns": [1, 4], "seconds": [...], "read_bytes": [...]}: the median pass of each size
 
@@ -9,7 +9,7 @@ each pass read (/proc/self/io: the page faults and the page cache's read-ahead o
 beside what the memory plan predicted. Only `forward_tree` — the pass itself — is metered: the
 measuring context's prefill and the cache bookkeeping are not passes.
 
-Every counter in COUNTERS is read before and after each pass and its difference kept. A counter of
+Every counter (`pass_counters`) is read before and after each pass and its difference kept. A counter of
 the disk's busy time (seconds the device had I/O in flight, /sys/block/<dev>/stat io_ticks) goes in
 as "disk_busy_seconds"; the summary then also gives the disk's utilization, busy / pass seconds.
 """
@@ -19,21 +19,25 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from ondevice.machine.ram import disk_read_bytes
 
 Counter = Callable[[], float | None]  # a monotonic reading; None where this machine does not say
 
-# name → reading. The disk's busy time is wired in here ("disk_busy_seconds") where it is measured.
-COUNTERS: dict[str, Counter] = {"seconds": time.perf_counter, "read_bytes": disk_read_bytes}
+
+def pass_counters(path: Path) -> dict[str, Counter]:
+    """name → reading, for the passes of the model file at `path`. The disk's busy time (of the
+    device holding `path`) is wired in here as "disk_busy_seconds" where it is measured."""
+    return {"seconds": time.perf_counter, "read_bytes": disk_read_bytes}
 
 
 class PassMeter:
     """The target, with each `forward_tree` metered; everything else passes through to it."""
 
-    def __init__(self, target, counters: dict[str, Counter] | None = None):
+    def __init__(self, target, counters: dict[str, Counter]):
         self.target = target
-        self.counters = dict(COUNTERS if counters is None else counters)
+        self.counters = dict(counters)
         self.passes: dict[int, list[dict[str, float | None]]] = {}  # pass size → one record per pass
 
     def __getattr__(self, name):
