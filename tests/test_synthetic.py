@@ -188,8 +188,9 @@ def test_measure_caches_the_curve_and_removes_the_file(tmp_path, monkeypatch):
     assert list(models_dir().iterdir()) == []  # not kept
     cached = load_measurement(machine_facts().fingerprint(), "tiny-qwen2", "target", m.backend)
     assert cached is not None and cached.curve == m.curve and cached.traffic == m.traffic
-    drafter = measure(from_preset(tiny_shape("qwen2"), "drafter"), LoadOptions(ctx=128), show=False, keep=True)
+    drafter = measure(from_preset(tiny_shape("qwen2"), "drafter"), LoadOptions(ctx=128, ram_memory="1GB"), show=False, keep=True)
     assert drafter.curve.ns == (1, 2, 4, 8, 16, 32, 64, 128)
+    assert load_measurement(machine_facts().fingerprint(), "tiny-qwen2", "drafter", drafter.backend) is not None  # as forecasts look it up
     assert [p.name for p in models_dir().iterdir()] == ["tiny-qwen2-seed0.gguf"]  # kept, reused next time
 
 

@@ -111,7 +111,9 @@ def measure(
     Timed as the planner times its profile (plan/timing.py: samples judged by what other processes
     used meanwhile, disturbed sizes sampled again): if some size never got a quiet sample, the
     machine was busy, and the measurement is returned with `busy_cores` set but not cached (a 7B
-    twin measured beside another job recorded passes 5-10x slower, and forecasts showed that since)."""
+    twin measured beside another job recorded passes 5-10x slower, and forecasts showed that since).
+    A drafter's curve is cached without the memory budgets (it is read into RAM under any of them,
+    and forecasts look it up so); a target's under them."""
     facts = machine_facts(home())
     memory = memory_plan(model, opts, drafter)
     check_fits(model, opts, memory)  # before gigabytes are written
@@ -136,7 +138,7 @@ def measure(
             del runner
             gc.collect()
     result = SyntheticMeasurement(
-        model.shape.name, model.role, backend, budgets_label(opts), placement, timing.curve, traffic, file_bytes(list(model.tensors)),
+        model.shape.name, model.role, backend, budgets_label(opts) if model.role == "target" else "", placement, timing.curve, traffic, file_bytes(list(model.tensors)),
         seed, note, busy_cores=round(timing.others_cores, 2) if timing.busy else None,
         per_pass=meter.summary() if model.role == "target" else None, memory=memory.to_dict() if memory is not None else None,
     )
