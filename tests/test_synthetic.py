@@ -188,8 +188,9 @@ def test_measure_caches_the_curve_and_removes_the_file(tmp_path, monkeypatch):
     assert list(models_dir().iterdir()) == []  # not kept
     cached = load_measurement(machine_facts().fingerprint(), "tiny-qwen2", "target", m.backend)
     assert cached is not None and cached.curve == m.curve and cached.traffic == m.traffic
-    drafter = measure(from_preset(tiny_shape("qwen2"), "drafter"), LoadOptions(ctx=128), show=False, keep=True)
+    drafter = measure(from_preset(tiny_shape("qwen2"), "drafter"), LoadOptions(ctx=128, ram_memory="1GB"), show=False, keep=True)
     assert drafter.curve.ns == (1, 2, 4, 8, 16, 32, 64, 128)
+    assert load_measurement(machine_facts().fingerprint(), "tiny-qwen2", "drafter", drafter.backend) is not None  # as forecasts look it up
     assert [p.name for p in models_dir().iterdir()] == ["tiny-qwen2-seed0.gguf"]  # kept, reused next time
 
 
@@ -238,6 +239,59 @@ def test_a_llama_target_that_does_not_fit_streams_as_the_memory_plan_says(tmp_pa
     m = measure(model, opts, ns=(1, 4), show=False)
     assert m.traffic.source == "disk" and m.traffic.bytes_per_pass == plan.bytes_read_per_pass > 0
     assert m.placement.startswith("target streams from disk")
+    kept = [k for k in plan.kept_layers(plan.ahead) if isinstance(k, int)]
+    assert m.memory["kept_layers"] == len(kept) < 8 and m.memory["predicted_bytes_read_per_pass"] == plan.bytes_read_per_pass
+    assert m.per_pass["ns"] == [1, 4] and len(m.per_pass["read_bytes"]) == 2  # what each pass read, measured beside the plan
+    if m.read_bytes_per_pass is not None:  # /proc/self/io (Linux): the streamed layers come from the disk again each pass
+        assert 0.5 * plan.bytes_read_per_pass <= m.read_bytes_per_pass <= 2 * plan.bytes_read_per_pass
+
+
+def test_pass_meter_counts_each_pass_alone_per_size():
+    """A fake target whose forward_tree reads 100 bytes a token and keeps the disk busy 0.5 s of
+    each 1 s pass; its prefill (not a pass) reads 10,000 bytes that no pass may be charged."""
+    from ondevice.synthetic.pass_meter import PassMeter
+
+    clock = {"seconds": 0.0, "read": 0, "busy": 0.0}
+
+    class Target:
+        n_cached = 7
+
+        def prefill(self, tokens):
+            clock["read"] += 10_000
+
+        def forward_tree(self, tree):
+            clock["seconds"] += 1.0
+            clock["read"] += 100 * len(tree)
+            clock["busy"] += 0.5
+            return len(tree)
+
+    counters = {"seconds": lambda: clock["seconds"], "read_bytes": lambda: clock["read"], "disk_busy_seconds": lambda: clock["busy"]}
+    meter = PassMeter(Target(), counters)
+    meter.prefill([1, 2])
+    for n in (4, 1, 4, 1):
+        assert meter.forward_tree(DraftTree.chain(0, list(range(1, n)))) == n
+    assert meter.n_cached == 7  # everything else is the target's
+    assert meter.summary() == {"ns": [1, 4], "seconds": [1.0, 1.0], "read_bytes": [100, 400],
+                               "disk_busy_seconds": [0.5, 0.5], "disk_utilization": [0.5, 0.5]}  # fmt: skip
+    unknown = PassMeter(Target(), {"read_bytes": lambda: None})  # where the kernel does not say
+    unknown.forward_tree(DraftTree.chain(0, []))
+    assert unknown.summary() == {"ns": [1], "read_bytes": [None]}
+
+
+def test_a_measurement_in_a_memory_cgroup_is_kept_apart_from_one_in_ram(monkeypatch):
+    """Streamed under a 3.5 GB cgroup limit, a 7B's curve is not its curve in RAM: the cgroup's limit
+    is part of its budgets (and so of its cache file); --ram-memory, when given, names the budget."""
+    from ondevice.machine.ram import CgroupMemory
+    from ondevice.synthetic import measure as measure_module
+    from ondevice.synthetic.measure import budgets_label
+
+    memory = type("Memory", (), {"total": 24 << 30, "available": 20 << 30})()
+    monkeypatch.setattr(measure_module.psutil, "virtual_memory", lambda: memory)
+    monkeypatch.setattr(measure_module, "own_cgroup_memory", lambda: CgroupMemory(None, 1, 3_500_000_000, 0, 0))
+    assert budgets_label(LoadOptions()) == "cgroup 3.5 GB"
+    assert budgets_label(LoadOptions(ram_memory="2GB", gpu_memory="6GB")) == "gpu 6GB, ram 2GB"
+    monkeypatch.setattr(measure_module, "own_cgroup_memory", lambda: CgroupMemory(None, 1, 64 << 30, 0, 0))  # above the RAM: no limit
+    assert budgets_label(LoadOptions()) == ""
 
 
 def test_cli_synthetic_twin_of_a_file_as_json(tmp_path):

@@ -110,7 +110,8 @@ def _keyed(path: Path) -> dict[str, int]:
 
 
 def model_files() -> list[Path]:
-    return sorted((home() / "models").glob("*.gguf"))
+    """The GGUF files a command here may map: downloaded models and kept synthetic ones."""
+    return sorted((home() / "models").glob("*.gguf")) + sorted((home() / "synthetic" / "models").glob("*.gguf"))
 
 
 def cached_bytes(path: Path) -> int:

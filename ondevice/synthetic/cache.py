@@ -9,6 +9,7 @@ takes: `ondevice.plan.curve.Curves`).
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,7 +44,15 @@ class SyntheticMeasurement:
     seed: int
     note: str = ""  # e.g. why the curve stops where it does
     busy_cores: float | None = None  # others' cores while it was measured, when the machine was busy (then not cached)
+    per_pass: dict | None = None  # a target's passes, per size: median seconds, bytes read from storage (pass_meter.PassMeter)
+    memory: dict | None = None  # a llama.cpp target's memory plan (MemoryPlan.to_dict: kept layers, predicted bytes read per pass)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+    @property
+    def read_bytes_per_pass(self) -> float | None:
+        """What a pass read from storage, measured: the median over the sizes timed (None: not known)."""
+        known = [b for b in (self.per_pass or {}).get("read_bytes", []) if b is not None]
+        return statistics.median(known) if known else None
 
     @property
     def achieved_gbps(self) -> float:

@@ -12,19 +12,25 @@ model gives the speed:
 
 A curve that has not been measured yet is reported with the command that measures it; no number
 is made up. What `ondevice bench` measured on the real pair is shown beside the prediction.
+
+`ondevice bench --synthetic PAIR` forecasts from the curves it has just measured
+(`forecast_measured`; e.g. a 7B streamed under a 3.5 GB cgroup), with the default pair's acceptance
+as measured here when PAIR has not run but is of its family (`acceptance_here`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ondevice import loading
 from ondevice.bench.measured import load_measured
-from ondevice.catalog.pairs import ModelPair
+from ondevice.catalog.pairs import ModelPair, load_pair
 from ondevice.loading import LoadOptions
 from ondevice.machine.facts import default_threads, machine_facts
 from ondevice.plan.acceptance import acceptance_for
-from ondevice.plan.cost_model import Plan, choose_plan
+from ondevice.plan.cost_model import BUDGETS, Plan, choose_plan
 from ondevice.plan.curve import Curves
 from ondevice.synthetic.cache import SyntheticMeasurement, load_measurement
 from ondevice.synthetic.measure import budgets_label
@@ -88,12 +94,46 @@ def forecast(pair: ModelPair, opts: LoadOptions | None = None) -> Forecast:
         result.drafter = load_measurement(fingerprint, pair.drafter.shape, "drafter", loading.backend_label("llama", threads))
     if result.target is None or result.drafter is None:
         return result
+    return predicted(result, p_rank)
+
+
+def predicted(result: Forecast, p_rank) -> Forecast:
+    """`result` with its speeds filled in from its target's and drafter's curves: the cost model as
+    --tree auto runs it, over the trees the target's memory plan sizes its buffers for."""
     curves = Curves(result.target.curve, result.drafter.curve)
-    overlap = "cuda" in backend  # drafting overlaps verification when the target is on a GPU (pipeline's rule)
-    result.planner = choose_plan(curves, p_rank, overlap)
-    result.speculative = choose_plan(curves, p_rank, overlap, min_speedup=0.0)
+    overlap = "cuda" in result.backend  # drafting overlaps verification when the target is on a GPU (pipeline's rule)
+    plan = result.target.memory or {}
+    budgets = tuple(b for b in BUDGETS if b <= plan["max_tree"]) if plan.get("placement") == "disk" else BUDGETS  # as plan/auto.py caps them
+    result.planner = choose_plan(curves, p_rank, overlap, budgets)
+    result.speculative = choose_plan(curves, p_rank, overlap, budgets, min_speedup=0.0)
     result.alone = result.planner.target_only_tokens_per_second
     return result
+
+
+def forecast_measured(pair: ModelPair, target: SyntheticMeasurement, drafter: SyntheticMeasurement) -> Forecast:
+    """The pair's predicted speed from curves just measured (cached or not: a busy machine's are
+    shown, not kept), with the acceptance of `acceptance_here`."""
+    family = shape_family(pair)
+    p_rank, source = acceptance_here(pair, family)
+    result = Forecast(pair.name, pair.target.shape or "?", target.backend, source, float(p_rank[0]), target, drafter,
+                      shapes=f"{pair.target.shape} + {pair.drafter.shape}")
+    return predicted(result, p_rank)
+
+
+def shape_family(pair: ModelPair) -> str:
+    """The family its target's shape belongs to, as acceptance priors are keyed ("qwen2.5" for the Coder pair too)."""
+    return find_shape(pair.target.shape).family if pair.target.shape else pair.family
+
+
+def acceptance_here(pair: ModelPair, family: str) -> tuple[np.ndarray, str]:
+    """(p[k], where it comes from): the pair's own verifications here; else, in the same family, the
+    default pair's as measured here ("measured on qwen2.5-coder-1.5b"); else its family's prior."""
+    p_rank, source = acceptance_for(pair.name, family)
+    default = load_pair()
+    if source == "measured" or default.name == pair.name or shape_family(default) != family:
+        return p_rank, source
+    borrowed, how = acceptance_for(default.name, family)
+    return (borrowed, f"measured on {default.name}") if how == "measured" else (p_rank, source)
 
 
 def measure_command(pair: str, opts: LoadOptions) -> str:

@@ -27,10 +27,12 @@ from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.plan.memory import MemoryPlan, ModelSize
+from ondevice.machine.ram import own_cgroup_memory
 from ondevice.machine.facts import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import measure_drafter_timing, measure_target_curve, measure_target_timing
 from ondevice.synthetic.cache import SyntheticMeasurement, Traffic, save_measurement
+from ondevice.synthetic.pass_meter import PassMeter, pass_counters
 from ondevice.synthetic.quant_mix import file_bytes, preset_size
 from ondevice.synthetic.sources import SyntheticModel
 from ondevice.synthetic.writer import write_synthetic_gguf
@@ -43,7 +45,20 @@ def models_dir() -> Path:
 
 
 def budgets_label(opts: LoadOptions) -> str:
-    return ", ".join(f"{name} {size}" for name, size in (("gpu", opts.gpu_memory), ("ram", opts.ram_memory)) if size)
+    """The memory budgets a measurement ran under, as it is cached and looked up: --gpu-memory,
+    --ram-memory, else the limit of the cgroup it runs in (a 7B streamed under 3.5 GB is not the
+    7B in RAM)."""
+    budgets = [(name, size) for name, size in (("gpu", opts.gpu_memory), ("ram", opts.ram_memory)) if size]
+    limit = cgroup_limit()
+    if not opts.ram_memory and limit is not None:
+        budgets.append(("cgroup", format_bytes(limit)))
+    return ", ".join(f"{name} {size}" for name, size in budgets)
+
+
+def cgroup_limit() -> int | None:
+    """The memory limit of this process's cgroup, where it is below the machine's RAM (else None)."""
+    cgroup = own_cgroup_memory()
+    return cgroup.limit if cgroup is not None and cgroup.limit < psutil.virtual_memory().total else None
 
 
 @contextmanager
@@ -96,7 +111,9 @@ def measure(
     Timed as the planner times its profile (plan/timing.py: samples judged by what other processes
     used meanwhile, disturbed sizes sampled again): if some size never got a quiet sample, the
     machine was busy, and the measurement is returned with `busy_cores` set but not cached (a 7B
-    twin measured beside another job recorded passes 5-10x slower, and forecasts showed that since)."""
+    twin measured beside another job recorded passes 5-10x slower, and forecasts showed that since).
+    A drafter's curve is cached without the memory budgets (it is read into RAM under any of them,
+    and forecasts look it up so); a target's under them."""
     facts = machine_facts(home())
     memory = memory_plan(model, opts, drafter)
     check_fits(model, opts, memory)  # before gigabytes are written
@@ -113,15 +130,17 @@ def measure(
                 timing = measure_drafter_timing(runner.probe_batch, sizes, show=show)
                 placement, traffic = "on CPU (llama.cpp drafter)", _resident_traffic(model, bandwidths, "RAM")
             else:
-                timing, _ = measure_target_timing(runner, sizes, show=show, prune=False)
+                meter = PassMeter(runner, pass_counters(path))  # what each pass read from storage, beside the plan's prediction
+                timing, _ = measure_target_timing(meter, sizes, show=show, prune=False)
                 placement, traffic = where_it_ran(runner, model, bandwidths, memory)
         finally:
             runner.close()
             del runner
             gc.collect()
     result = SyntheticMeasurement(
-        model.shape.name, model.role, backend, budgets_label(opts), placement, timing.curve, traffic, file_bytes(list(model.tensors)),
+        model.shape.name, model.role, backend, budgets_label(opts) if model.role == "target" else "", placement, timing.curve, traffic, file_bytes(list(model.tensors)),
         seed, note, busy_cores=round(timing.others_cores, 2) if timing.busy else None,
+        per_pass=meter.summary() if model.role == "target" else None, memory=memory.to_dict() if memory is not None else None,
     )
     if result.busy_cores is None:  # a curve another process slowed would stand for this shape until re-measured
         save_measurement(facts.fingerprint(), result)
