@@ -21,15 +21,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ondevice.machine.disk_io import read_counters, stat_file
 from ondevice.machine.ram import disk_read_bytes
 
 Counter = Callable[[], float | None]  # a monotonic reading; None where this machine does not say
 
 
 def pass_counters(path: Path) -> dict[str, Counter]:
-    """name → reading, for the passes of the model file at `path`. The disk's busy time (of the
-    device holding `path`) is wired in here as "disk_busy_seconds" where it is measured."""
-    return {"seconds": time.perf_counter, "read_bytes": disk_read_bytes}
+    """name → reading, for the passes of the model file at `path`; the busy time of the disk holding
+    it (machine/disk_io.py: every process's I/O to that device) where sysfs says."""
+    counters: dict[str, Counter] = {"seconds": time.perf_counter, "read_bytes": disk_read_bytes}
+    stat = stat_file(path)
+    if stat is not None:
+        counters["disk_busy_seconds"] = lambda: getattr(read_counters(stat), "busy_seconds", None)
+    return counters
 
 
 class PassMeter:
