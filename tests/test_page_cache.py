@@ -139,8 +139,8 @@ def test_a_prefetched_layer_longer_than_one_readahead_is_read_whole(uncached_fil
 
 
 def test_an_answers_time_split_adds_up_and_the_disk_busy_time_is_reported(tiny):
-    """The engine's stats of a streaming target: draft / target compute / disk wait (not measured:
-    None) / overhead sum to the decoding time; the disk's busy time comes from the block device."""
+    """The engine's stats of a streaming target: draft / target compute / disk wait / overhead sum to
+    the decoding time, the disk wait is the passes' own; the disk's busy time comes from the block device."""
     from ondevice.engine import SpecEngine, Stats
     from ondevice.machine.disk_io import stat_file
 
@@ -148,8 +148,32 @@ def test_an_answers_time_split_adds_up_and_the_disk_busy_time_is_reported(tiny):
     engine = SpecEngine(target, None, is_end=lambda token: False)
     stats = [s for s in engine.generate([5, 17, 42, 9], max_tokens=6) if isinstance(s, Stats)][-1]
     split = stats.round_split()
-    assert split["disk_wait"] is None
-    assert sum(v for v in split.values() if v is not None) == pytest.approx(stats.decode_seconds, abs=1e-6)
+    assert split["disk_wait"] is not None and 0 <= split["disk_wait"] <= stats.verify_seconds
+    assert sum(split.values()) == pytest.approx(stats.decode_seconds, abs=1e-6)
     if stat_file(tiny) is not None:
         assert stats.disk_busy_seconds is not None and 0 <= stats.disk_utilization <= 1.05
+    target.close()
+
+
+def test_a_pass_splits_into_disk_wait_and_compute_that_add_up(tiny):
+    target = LlamaTarget(tiny, n_ctx=128, threads=1, max_tree_nodes=16, n_ubatch=64, streams=True, window=1, kept_layers=(0,))
+    window = target.window
+    splits = []
+    pass_ends = window.pass_ends
+    window.pass_ends = lambda: splits.append(pass_ends()) or splits[-1]
+    target.prefill([5, 17, 42, 9])
+    tree = DraftTree(np.array([3, 50, 51]), np.array([-1, 0, 1]), np.zeros(3))
+    waited = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        target.forward_tree(tree)
+        wall = time.perf_counter() - t0
+        target.commit([0, 1])
+        split = splits[-1]
+        assert split is not None and split.layers == N_LAYERS + 1  # every decoder layer and the LM head reported
+        assert 0 <= split.wait_seconds <= split.seconds <= wall
+        assert split.wait_seconds + split.compute_seconds == pytest.approx(split.seconds)
+        assert split.seconds > 0.5 * wall
+        waited += split.wait_seconds
+    assert target.stream_counters().page_wait_seconds == pytest.approx(waited)
     target.close()

@@ -63,6 +63,7 @@ class LlamaTarget:
         self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams)
         self.window = LayerWindow.open(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
         self.disk_stat = stat_file(model_path) if streams else None
+        self.page_wait_seconds = 0.0  # the passes' waits for pages (measured with a window)
         max_tree_nodes = min(max_tree_nodes, n_ctx)
         n_seq = min(LLAMA_MAX_SEQUENCES, max_tree_nodes)  # the main sequence and one per leaf
         self.ctx = LlamaContext(
@@ -119,17 +120,18 @@ class LlamaTarget:
         positions = self._n_cached + tree.depths
         if self.window is not None:
             self.window.pass_starts()
-        logits = self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool))
-        return np.array(logits)  # own copy: llama.cpp reuses its buffer on the next decode
+        logits = np.array(self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool)))  # own copy: llama.cpp reuses its buffer
+        if self.window is not None and (split := self.window.pass_ends()) is not None:
+            self.page_wait_seconds += split.wait_seconds
+        return logits
 
     def stream_counters(self) -> StreamCounters | None:
-        """The disk's busy time so far (None: the target does not stream). Its passes' waits for
-        pages are not measured: the window prefetches from llama.cpp's callback and does not see
-        when a read ends."""
-        if self.disk_stat is None:
+        """Its passes' waits for pages and the disk's busy time so far (None: it does not stream)."""
+        if self.disk_stat is None and self.window is None:
             return None
         disk = read_counters(self.disk_stat)
-        return StreamCounters(None, disk.busy_seconds if disk else None)
+        waits = self.window is not None and self.window.measures and self.window.failed is None
+        return StreamCounters(self.page_wait_seconds if waits else None, disk.busy_seconds if disk else None)
 
     def commit(self, path: Sequence[int]) -> None:
         if self._pending is None:

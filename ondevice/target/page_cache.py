@@ -28,7 +28,8 @@ The LM head counts as the last layer (OUTPUT_LAYER: output.weight, or token_embd
 tied to it); the input embeddings are read a row per token, each row where it lies (`rows`, above).
 
 The madvise calls run on a helper thread (they may block on I/O or reclaim); the callback only
-queues work. Linux-only; elsewhere `LayerWindow.open` returns None and the target streams as
+queues work, and looks (mincore) whether the next layer is all in memory: a pass then splits into
+waiting for the disk and computing (pass_split.py). Linux-only; elsewhere `LayerWindow.open` returns None and the target streams as
 llama.cpp and the kernel decide.
 """
 
@@ -40,11 +41,15 @@ import os
 import queue
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
+
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
+from ondevice.target.pass_split import LayerStretch, PassSplit, split_pass
 
 MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED = 1, 2, 3, 4
 EVICT = -1  # MADV_DONTNEED on the mapping, then POSIX_FADV_DONTNEED on the file
@@ -121,6 +126,12 @@ class LayerWindow:
         self.work: queue.Queue[tuple[int, list[Span]] | None] = queue.Queue()
         self.failed: str | None = None  # an madvise the kernel refused: the window stops steering
         self.asked: set[int] = set()  # layers prefetched and not paged out since
+        self.nbytes = {key: sum(s.length for s in spans) for key, spans in layers.items()}
+        self.measures = True  # mincore answers here: each pass is split into disk wait and compute
+        self.residency = (ctypes.c_ubyte * 0)()  # mincore's answer, one byte per page
+        self.timed: list[LayerStretch] | None = None  # this pass's layers, while one is timed
+        self.pass_start = 0.0
+        self.next_in_memory = True
         self.thread = threading.Thread(target=self._run, name="ondevice-page-cache", daemon=True)
         self.thread.start()
         start, end, _ = mapping
@@ -154,10 +165,38 @@ class LayerWindow:
     def pass_starts(self) -> None:
         for i in self.order[: self.ahead]:
             self._prefetch(i)
+        if self.measures:
+            self.timed, self.pass_start = [], time.perf_counter()
+            self.next_in_memory = self.in_memory(self.order[0]) if self.order else True
+
+    def pass_ends(self) -> PassSplit | None:
+        """The disk wait / compute split of the pass since pass_starts (pass_split.py); None where
+        residency cannot be seen or no layer was in memory to price computing by."""
+        timed, self.timed = self.timed, None
+        if not timed or self.failed:
+            return None
+        return split_pass(self.pass_start, timed, time.perf_counter())
+
+    def in_memory(self, layer) -> bool:
+        """Whether every page of the layer is in the page cache now (mincore)."""
+        for span in self.layers[layer]:
+            pages = -(-span.length // PAGE)
+            if len(self.residency) < pages:
+                self.residency = (ctypes.c_ubyte * pages)()
+            if self.libc.mincore(ctypes.c_void_p(span.start), ctypes.c_size_t(span.length), self.residency) != 0:
+                self.measures = False  # cannot tell here: stop measuring, keep steering
+                return True
+            if not (np.frombuffer(self.residency, np.uint8, count=pages) & 1).all():
+                return False
+        return True
 
     def layer_done(self, i: int) -> None:
         if i not in self.layers:
             return
+        if self.timed is not None:
+            self.timed.append(LayerStretch(time.perf_counter(), self.nbytes[i], self.next_in_memory))
+            following = self.order[(self.order.index(i) + 1) % len(self.order)]
+            self.next_in_memory = following in self.kept or self.in_memory(following)
         if i not in self.kept:
             self.asked.discard(i)
             self._queue(EVICT, i)
