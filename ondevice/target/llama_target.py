@@ -21,7 +21,7 @@ from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel, layer_callback
 from ondevice.machine.disk_io import read_counters, stat_file
 from ondevice.protocols import StreamCounters
-from ondevice.target.page_cache import LayerWindow
+from ondevice.target.direct_window import open_window
 from ondevice.tree import DraftTree
 
 MAIN_SEQ = 0
@@ -59,9 +59,9 @@ class LlamaTarget:
         tokens per pass. streams: the file is larger than the RAM left for it: keep every weight in
         the mapped file (no repacking into anonymous memory) so the page cache can stream it.
         window > 0 (with streams): steer the page cache layer by layer, prefetching `window` layers
-        ahead and paging out the finished ones except `kept_layers` (page_cache.LayerWindow)."""
+        ahead and dropping the finished ones except `kept_layers` (direct_window.py, or page_cache.py)."""
         self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams)
-        self.window = LayerWindow.open(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
+        self.window = open_window(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
         self.disk_stat = stat_file(model_path) if streams else None
         self.page_wait_seconds = 0.0  # the passes' waits for pages (measured with a window)
         max_tree_nodes = min(max_tree_nodes, n_ctx)
@@ -96,6 +96,8 @@ class LlamaTarget:
         for start in range(0, len(tokens), step):
             chunk = tokens[start : start + step]
             pos = self._n_cached + np.arange(len(chunk))
+            if self.window is not None:
+                self.window.before_decode()
             self.ctx.decode(chunk, pos, np.zeros(len(chunk), np.int32), np.zeros(len(chunk), bool))
             self._n_cached += len(chunk)
 
@@ -120,6 +122,7 @@ class LlamaTarget:
         positions = self._n_cached + tree.depths
         if self.window is not None:
             self.window.pass_starts()
+            self.window.before_decode()
         logits = np.array(self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool)))  # own copy: llama.cpp reuses its buffer
         if self.window is not None and (split := self.window.pass_ends()) is not None:
             self.page_wait_seconds += split.wait_seconds
@@ -130,7 +133,7 @@ class LlamaTarget:
         if self.disk_stat is None and self.window is None:
             return None
         disk = read_counters(self.disk_stat)
-        waits = self.window is not None and self.window.measures and self.window.failed is None
+        waits = self.window is not None and getattr(self.window, "measures", True) and self.window.failed is None
         return StreamCounters(self.page_wait_seconds if waits else None, disk.busy_seconds if disk else None)
 
     def commit(self, path: Sequence[int]) -> None:

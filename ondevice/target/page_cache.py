@@ -100,6 +100,26 @@ def find_mapping(path: str | Path) -> tuple[int, int, int] | None:
     return best
 
 
+def mapped_layers(path: str | Path) -> tuple[tuple[int, int, int], dict, Span | None] | None:
+    """(llama.cpp's mapping of `path`, each layer's tensors that lie in this file — the LM head as
+    OUTPUT_LAYER —, the span of a separate input embedding table), or None where the file is not
+    mapped or this is not Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    mapping = find_mapping(path)
+    if mapping is None:
+        return None
+    header = read_header(path)
+    groups: dict = dict(header.layer_ranges())
+    head = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
+    groups[OUTPUT_LAYER] = [t for t in (head, header.tensors.get("output_norm.weight")) if t is not None]
+    here = Path(path).resolve()
+    tensors = {key: [t for t in group if Path(t.path).resolve() == here] for key, group in groups.items()}  # a split model's other parts: not here
+    embd = header.tensors.get("token_embd.weight") if "output.weight" in header.tensors else None  # tied: it is the head
+    rows = _span(mapping, embd.offset, embd.nbytes) if embd is not None and Path(embd.path).resolve() == here else None
+    return mapping, tensors, rows
+
+
 def _span(mapping: tuple[int, int, int], offset: int, length: int) -> Span | None:
     """The whole pages of the mapping that hold file bytes [offset, offset + length)."""
     start, end, file_offset = mapping
@@ -140,25 +160,14 @@ class LayerWindow:
             self.work.put((MADV_RANDOM, list(rows)))  # read a row per token: no readahead around it
 
     @classmethod
-    def open(cls, path: str | Path, ahead: int = 2, kept: Iterable[int] = ()) -> "LayerWindow | None":
+    def open(cls, path: str | Path, ahead: int = 2, kept: Iterable[int] = ()) -> LayerWindow | None:
         """The window over llama.cpp's mapping of `path` (call after the model is loaded), or None
         where this cannot work (not Linux, the file is not mapped)."""
-        if not sys.platform.startswith("linux"):
+        found = mapped_layers(path)
+        if found is None:
             return None
-        mapping = find_mapping(path)
-        if mapping is None:
-            return None
-        header = read_header(path)
-        groups: dict = dict(header.layer_ranges())
-        head = header.tensors.get("output.weight") or header.tensors.get("token_embd.weight")
-        groups[OUTPUT_LAYER] = [t for t in (head, header.tensors.get("output_norm.weight")) if t is not None]
-        here = Path(path).resolve()
-        layers = {}
-        for key, tensors in groups.items():  # a split model's other parts are other files: not in this mapping
-            spans = [_span(mapping, t.offset, t.nbytes) for t in tensors if Path(t.path).resolve() == here]
-            layers[key] = [s for s in spans if s is not None]
-        embd = header.tensors.get("token_embd.weight") if "output.weight" in header.tensors else None  # tied: it is the head
-        rows = _span(mapping, embd.offset, embd.nbytes) if embd is not None and Path(embd.path).resolve() == here else None
+        mapping, tensors, rows = found
+        layers = {key: [s for s in (_span(mapping, t.offset, t.nbytes) for t in group) if s is not None] for key, group in tensors.items()}
         return cls(path, mapping, layers, ahead, kept, [rows] if rows else [])
 
     # --- called from llama.cpp's compute (keep it quick: queue the work) ---------------------------
@@ -168,6 +177,9 @@ class LayerWindow:
         if self.measures:
             self.timed, self.pass_start = [], time.perf_counter()
             self.next_in_memory = self.in_memory(self.order[0]) if self.order else True
+
+    def before_decode(self) -> None:
+        """Called before each llama_decode (direct_window.DirectWindow waits there)."""
 
     def pass_ends(self) -> PassSplit | None:
         """The disk wait / compute split of the pass since pass_starts (pass_split.py); None where
