@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     """The llama-cpp-python rows alone, on one of the bench's prompt sets, in this process."""
     parser = argparse.ArgumentParser(prog="python -m ondevice.eval.llamacpp_rows", description=main.__doc__)
     parser.add_argument("--pair", default=None, help="catalog pair (default: the default pair)")
+    parser.add_argument("--target", default=None, help="a target GGUF of your own instead (as ondevice bench --target)")
+    parser.add_argument("--drafter", default=None, help="a drafter GGUF of your own (as ondevice bench --drafter)")
     parser.add_argument("--prompts", choices=tuple(prompt_sets.SETS), default="chat", help="as ondevice bench --prompts")
     parser.add_argument("--limit", type=int, default=0, help="the first N prompts (0: all)")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default="llama-cpp", help="comma-separated: llama-cpp, llama-cpp-spec@K")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
-    models = choose(args.pair, None, None, True)
+    models = choose(args.pair, args.target, args.drafter, True)
     tokenizer = Tokenizer(models.target)
     texts = prompt_sets.SETS[args.prompts][: args.limit or None]
     ids = [tokenizer.encode_chat(prompt_sets.messages(t)) for t in texts]
