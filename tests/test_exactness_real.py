@@ -63,8 +63,9 @@ def make_target(backend: str, path):
     if backend.startswith("llama"):
         from ondevice.target.llama_target import LlamaTarget
 
-        if backend == "llama-stream":
-            return LlamaTarget(path, n_ctx=1024, threads=2, max_tree_nodes=64, n_ubatch=256, streams=True, window=2)
+        if backend == "llama-stream":  # as the memory plan streams it: the LM head and the first layers kept, read with O_DIRECT
+            return LlamaTarget(path, n_ctx=1024, threads=2, max_tree_nodes=64, n_ubatch=256, streams=True, window=2,
+                               kept_layers=("output", 0, 1, 2))
         return LlamaTarget(path, n_ctx=1024, threads=2)
     if backend == "onnx":
         from ondevice.onnx.target import OnnxTarget

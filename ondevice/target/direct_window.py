@@ -19,12 +19,14 @@ and cgroup accounting, reclaim, mapping faults); and one stream of page-cache re
   before (and `before_decode`, before each llama_decode) blocks until it has; that blocking is the
   pass's disk wait, timed exactly.
 
-Kept layers are read once, the same way, into memory of their own (a second memfd): in the page
-cache the kernel evicted them whenever the cgroup's limit was near, and each came back a page per
-fault (607,110 major faults in one 1.2 GB bench run). The pages left mapped from the file (those a
-layer shares with a neighbour) are MADV_RANDOM: a fault reads its page only. A read that fails maps
-every layer from the file again (the page cache serves them, as without a window) before llama.cpp
-goes on.
+Kept layers are read once into the page cache and stay there, MADV_NORMAL: the kernel may take some
+back near the memory limit (memory of our own it could not: read into a second memfd, the kept
+layers got a 1.2 GB cgroup's bench OOM-killed), and they then come back in reads around the fault
+(under MADV_RANDOM a page per fault: 607,110 major faults in one bench run; under MADV_SEQUENTIAL
+their use does not count as a reference and they were reclaimed first). The rest of the mapping (pages
+a layer shares with a neighbour, the input embeddings) is MADV_RANDOM: a fault reads its page only.
+A read that fails maps every streamed layer from the file again (the page cache serves them, as
+without a window) before llama.cpp goes on.
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ from typing import Iterable
 
 from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.target.pass_split import PassSplit
-from ondevice.target.page_cache import MADV_RANDOM, MADV_SEQUENTIAL, PAGE, LayerWindow, Span, _pieces, _span, mapped_layers
+from ondevice.target.page_cache import MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, PAGE, LayerWindow, Span, _pieces, _span, mapped_layers
 
 READERS = 4  # O_DIRECT reads in flight at once (one at a time moved 0.94 GB/s here, four 1.67 GB/s)
 CHUNK = 4 << 20  # bytes per read
 MAP_FIXED = 0x10
+MADV_NORMAL, MADV_POPULATE_READ = 0, 22  # the latter: Linux 5.14+
 MERGE_GAP = 64  # tensors of one layer this close (GGUF alignment padding) are one stretch of the file
 
 
@@ -63,7 +66,7 @@ def open_window(path: str | Path, ahead: int, kept: Iterable = ()):
         own = {key: own_pages(mapping, tensors[key]) for key in order}
         streamed = {k: v for k, v in own.items() if v and k not in kept}
         if streamed:
-            return DirectWindow(path, mapping, order, streamed, [s for k in order if k in kept for s in own[k]], ahead)
+            return DirectWindow(path, mapping, order, streamed, [s for k in order if k in kept for s in layers.get(k, [])], ahead)
     return LayerWindow(path, mapping, layers, ahead, kept, [rows] if rows else [])
 
 
@@ -111,9 +114,7 @@ class DirectWindow:
         self.bound = self.n_slots * self.slot_bytes
         self.memfd = os.memfd_create("ondevice-layers")
         os.ftruncate(self.memfd, self.bound)
-        self.kept = kept  # the kept layers' own pages: read once into memory of their own (the kernel cannot evict them)
-        self.kept_memfd = os.memfd_create("ondevice-kept-layers")
-        os.ftruncate(self.kept_memfd, max(1, sum(s.length for s in kept)))
+        self.kept = kept  # the kept layers' pages: read once into the page cache, left there
         self.kept_ready = threading.Event()
         self.direct_fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         self.file_fd = os.open(path, os.O_RDONLY)
@@ -219,14 +220,19 @@ class DirectWindow:
             self._map_file_back(err)
 
     def _read_kept(self) -> None:
-        """Map the kept layers' memory over their own pages and read them into it, once."""
-        at, reads = 0, []
+        """Read the kept layers into the page cache, once (MADV_POPULATE_READ: it returns when they
+        are in), and leave them MADV_NORMAL: their use every pass counts as a reference, so the
+        kernel keeps them active (under MADV_SEQUENTIAL references do not count: they were reclaimed
+        first), and a fault there, should it evict some, reads around it, not a page."""
         for span in self.kept:
-            self._map_over(span, self.kept_memfd, at)
-            reads += [self.pool.submit(self._read_piece, piece) for piece in _pieces(span, CHUNK)]
-            at += span.length
-        for read in reads:
-            read.result()
+            self._advise(span, MADV_NORMAL)
+            for piece in _pieces(span, CHUNK):
+                self._advise(piece, MADV_WILLNEED)
+        for span in self.kept:
+            try:
+                self._advise(span, MADV_POPULATE_READ)
+            except OSError:  # before Linux 5.14: llama.cpp's first pass faults them in
+                break
         self.kept_ready.set()
 
     def _map_over(self, span: Span, fd: int, offset: int) -> None:
@@ -272,7 +278,7 @@ class DirectWindow:
         """Map every streamed layer from the file again (the page cache serves it), then let
         llama.cpp go on."""
         self.pool.shutdown(wait=True)
-        for span in [s for spans in self.own.values() for s in spans] + self.kept:
+        for span in [s for spans in self.own.values() for s in spans]:
             self.libc.mmap(span.start, span.length, mmap.PROT_READ, mmap.MAP_PRIVATE | MAP_FIXED, self.file_fd, span.offset)
         try:
             self._advise(self.mapping_span, MADV_SEQUENTIAL)  # the kernel streams it now: read ahead on faults
@@ -298,5 +304,5 @@ class DirectWindow:
             self.cond.notify_all()
         self.thread.join(timeout=5)
         self.pool.shutdown(wait=True)
-        for fd in (self.direct_fd, self.file_fd, self.memfd, self.kept_memfd):
+        for fd in (self.direct_fd, self.file_fd, self.memfd):
             os.close(fd)
