@@ -24,10 +24,7 @@ N_LAYERS = 6
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(tiny_models.DIMS, "num_hidden_layers", N_LAYERS)
-        mp.setitem(tiny_models.DIMS, "intermediate_size", 8192)  # layers of 6 MB: two read pieces each
-        path = tiny_models.write_tiny_gguf(tmp_path_factory.mktemp("direct") / "tiny.gguf", "llama")
+    path = tiny_models.write_layered_gguf(tmp_path_factory.mktemp("direct") / "tiny.gguf", N_LAYERS)
     if not direct_reads_work(path):
         pytest.skip("this file system does not take O_DIRECT reads")
     return path

@@ -23,15 +23,7 @@ N_LAYERS = 6
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(tiny_models.DIMS, "num_hidden_layers", N_LAYERS)
-        # layers of 6 MB: the kernel caches file pages in folios of up to 2 MB, and one that straddles
-        # two layers goes out (or stays) with both, which must stay small against a layer
-        mp.setitem(tiny_models.DIMS, "intermediate_size", 8192)
-        path = tiny_models.write_tiny_gguf(tmp_path_factory.mktemp("window") / "tiny.gguf", "llama")
-    with path.open("rb+") as f:  # written pages are dirty until flushed, and dirty pages are not paged out
-        os.fsync(f.fileno())
-    return path
+    return tiny_models.write_layered_gguf(tmp_path_factory.mktemp("window") / "tiny.gguf", N_LAYERS)
 
 
 def resident_fraction(spans) -> float:

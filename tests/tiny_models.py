@@ -263,3 +263,22 @@ def write_tiny_pair(home: str | Path, name: str = "tiny", **model) -> str:
         entry.append(f'[{role}]\nlabel = "tiny {role}"\nfile = "{path.name}"\nsize = {path.stat().st_size}\nsha256 = "{digest}"\n')
     (home / "catalog" / f"{name}.toml").write_text("\n".join(entry))
     return name
+
+
+def write_layered_gguf(path: str | Path, n_layers: int = 6) -> Path:
+    """A tiny Llama GGUF with big layers (6 MB each, intermediate size 8192) for the streaming
+    windows: the kernel caches file pages in folios of up to 2 MB, and one that straddles two layers
+    goes out (or stays) with both, which must stay small against a layer; each layer is also more
+    than one 4 MB read. Flushed to disk (dirty pages are not paged out)."""
+    import os
+
+    dims = dict(DIMS)
+    DIMS.update(num_hidden_layers=n_layers, intermediate_size=8192)
+    try:
+        path = write_tiny_gguf(path, "llama")
+    finally:
+        DIMS.clear()
+        DIMS.update(dims)
+    with path.open("rb+") as f:
+        os.fsync(f.fileno())
+    return path

@@ -42,7 +42,7 @@ from typing import Iterable
 
 from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.target.pass_split import PassSplit
-from ondevice.target.page_cache import MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, PAGE, LayerWindow, Span, _pieces, _span, mapped_layers
+from ondevice.target.page_cache import MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, PAGE, LayerWindow, Span, _pieces, advise, layer_spans, mapped_layers, readahead_bytes
 
 READERS = 4  # O_DIRECT reads in flight at once (one at a time moved 0.94 GB/s here, four 1.67 GB/s)
 CHUNK = 4 << 20  # bytes per read
@@ -60,7 +60,7 @@ def open_window(path: str | Path, ahead: int, kept: Iterable = ()):
     if found is None:
         return None
     mapping, tensors, rows = found
-    layers = {key: [s for s in (_span(mapping, t.offset, t.nbytes) for t in group) if s is not None] for key, group in tensors.items()}
+    layers = layer_spans(mapping, tensors)
     if OUTPUT_LAYER in kept and direct_reads_work(path):
         order = sorted(k for k in layers if k != OUTPUT_LAYER) + [OUTPUT_LAYER]
         own = {key: own_pages(mapping, tensors[key]) for key in order}
@@ -116,6 +116,7 @@ class DirectWindow:
         os.ftruncate(self.memfd, self.bound)
         self.kept = kept  # the kept layers' pages: read once into the page cache, left there
         self.kept_ready = threading.Event()
+        self.advice_chunk = readahead_bytes(path) // PAGE * PAGE  # what one MADV_WILLNEED reads at most
         self.direct_fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         self.file_fd = os.open(path, os.O_RDONLY)
         libc = ctypes.CDLL(None, use_errno=True)
@@ -130,7 +131,6 @@ class DirectWindow:
         self.filled: set[int] = set()  # streamed positions read
         self.failed: str | None = None  # a read failed: every streamed layer is mapped from the file again
         self.closing = False
-        self.in_flight_peak = 0  # most bytes of slots in use at once
         self.waiting: dict[int, list] = {}  # streamed position → its reads, not yet waited for
         self.timed = False  # a pass is timed (pass_starts … pass_ends)
         self.pass_start = self.pass_wait = 0.0
@@ -206,7 +206,6 @@ class DirectWindow:
                         self.slot_of[self.next_read] = slot
                         starts.append(self.next_read)
                         self.next_read += 1
-                    self.in_flight_peak = max(self.in_flight_peak, len(self.slot_of) * self.slot_bytes)
                     oldest = min((p for p in self.slot_of if p not in self.filled), default=None)
                 reads = {p: self._start(p) for p in starts}
                 self.waiting.update(reads)
@@ -226,7 +225,7 @@ class DirectWindow:
         first), and a fault there, should it evict some, reads around it, not a page."""
         for span in self.kept:
             self._advise(span, MADV_NORMAL)
-            for piece in _pieces(span, CHUNK):
+            for piece in _pieces(span, self.advice_chunk):
                 self._advise(piece, MADV_WILLNEED)
         for span in self.kept:
             try:
@@ -271,8 +270,7 @@ class DirectWindow:
             done += n
 
     def _advise(self, span: Span, advice: int) -> None:
-        if self.libc.madvise(ctypes.c_void_p(span.start), ctypes.c_size_t(span.length), advice) != 0:
-            raise OSError(ctypes.get_errno(), f"madvise({advice}): {os.strerror(ctypes.get_errno())}")
+        advise(self.libc, span, advice)
 
     def _map_file_back(self, err: Exception) -> None:
         """Map every streamed layer from the file again (the page cache serves it), then let

@@ -120,6 +120,17 @@ def mapped_layers(path: str | Path) -> tuple[tuple[int, int, int], dict, Span | 
     return mapping, tensors, rows
 
 
+def layer_spans(mapping: tuple[int, int, int], tensors: dict) -> dict:
+    """Each layer's tensors (mapped_layers) as the whole pages of the mapping that hold them."""
+    return {key: [s for s in (_span(mapping, t.offset, t.nbytes) for t in group) if s is not None] for key, group in tensors.items()}
+
+
+def advise(libc, span: Span, advice: int) -> None:
+    """madvise(span, advice) through `libc` (a ctypes CDLL with use_errno); OSError if refused."""
+    if libc.madvise(ctypes.c_void_p(span.start), ctypes.c_size_t(span.length), advice) != 0:
+        raise OSError(ctypes.get_errno(), f"madvise({advice}): {os.strerror(ctypes.get_errno())}")
+
+
 def _span(mapping: tuple[int, int, int], offset: int, length: int) -> Span | None:
     """The whole pages of the mapping that hold file bytes [offset, offset + length)."""
     start, end, file_offset = mapping
@@ -167,8 +178,7 @@ class LayerWindow:
         if found is None:
             return None
         mapping, tensors, rows = found
-        layers = {key: [s for s in (_span(mapping, t.offset, t.nbytes) for t in group) if s is not None] for key, group in tensors.items()}
-        return cls(path, mapping, layers, ahead, kept, [rows] if rows else [])
+        return cls(path, mapping, layer_spans(mapping, tensors), ahead, kept, [rows] if rows else [])
 
     # --- called from llama.cpp's compute (keep it quick: queue the work) ---------------------------
     def pass_starts(self) -> None:
@@ -244,8 +254,7 @@ class LayerWindow:
         self.work.task_done()
 
     def _advise(self, span: Span, advice: int) -> None:
-        if self.libc.madvise(ctypes.c_void_p(span.start), ctypes.c_size_t(span.length), advice) != 0:
-            raise OSError(ctypes.get_errno(), f"madvise({advice}): {os.strerror(ctypes.get_errno())}")
+        advise(self.libc, span, advice)
 
     def drain(self) -> None:
         """Wait until every queued madvise has been made."""
