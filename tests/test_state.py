@@ -54,7 +54,7 @@ def test_state_files_of_the_wrong_shape_are_replaced_naming_them(used_home, tmp_
     home = tmp_path / "home"
     shutil.copytree(source, home)
     state = sorted((home / "acceptance").glob("*.json")) + sorted((home / "arms").glob("*.json"))
-    assert len(state) == 5, state  # acceptance by rank, lookup, suffix, recycle; the planner's book
+    assert len(state) == 6, state  # acceptance by rank, builders' gains, lookup, suffix, recycle; the planner's book
     for path in state:
         path.write_text("[1,2,3]")
     result = ondevice(home, *GENERATE)

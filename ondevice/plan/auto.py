@@ -34,9 +34,10 @@ import numpy as np
 from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
-from ondevice.plan.cost_model import Plan, predict, priced_plans
+from ondevice.plan.cost_model import Plan, predict
 from ondevice.plan.curve import Curves, LatencyCurve, pass_sizes
 from ondevice.plan.fallback import LookupTracker, lookup_plan, replay
+from ondevice.plan.model_arms import BuilderGains, model_plans
 from ondevice.plan.profile import Profile, get_profile, new_profile, profile_steps, save_profile, saved_profile
 from ondevice.plan.rescale import PassTimes, context_growth
 from ondevice.protocols import DraftSpec
@@ -50,8 +51,6 @@ JUMP_PASSES = 2  # ... that many passes in a row (one pass can be another proces
 SETTLE_ROUNDS = 3  # re-pricing after each of the next rounds while the curve learns the new regime
 REPRICE_ROUNDS = 256  # the drafter's trees are re-priced this often (~30 ms each time), and before every answer
 FREE_ARMS = ("lookup", "suffix", "recycle")  # drafters that cost no model time (draft/router.py)
-MODEL_ARMS = 3  # the drafter's best trees priced as arms, fastest predicted first, ...
-SPREAD = 1.5  # ... their budgets at least this far apart
 FRESH_PASSES = 16  # pass times this recent bound what the target alone could do (_target_floor)
 
 
@@ -85,6 +84,7 @@ class AutoPlanner:
         else:
             self.profile, self.reused = saved_profile(backends), True
         self.tracker = AcceptanceTracker.load(backends.pair)
+        self.gains = BuilderGains.load(backends.pair)  # what each builder's trees accept beyond the rank model
         self.free = {builder: LookupTracker.load(backends.pair, builder) for builder in FREE_ARMS}  # what each free drafter achieved
         memory = getattr(backends, "memory", None)  # a ProfileBackends; tests pass lighter stand-ins
         self.streams = memory is not None and memory.streams
@@ -198,30 +198,11 @@ class AutoPlanner:
         return self.plan
 
     def _model_plans(self) -> dict[str, Plan]:
-        """The drafter's fastest predicted tree at MODEL_ARMS budgets (the best, and the best of other
-        sizes), plus every tree already measured that is still within reach (its measurement may say
-        it is the best)."""
-        curves = self.curves
+        """The drafter's trees the closed loop weighs (model_arms.py), at --budget only if one was given."""
         budgets = None if self.fixed_budget is None else [self.fixed_budget]
-        kwargs = dict(overhead_per_pass=self.overhead_per_pass, hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
-        best: dict[int, Plan] = {}
-        for plan in priced_plans(curves, self.tracker.p_rank, self.overlap_possible, budgets=budgets, **kwargs):
-            if plan.budget <= self.max_tree and (plan.budget not in best or plan.predicted_tokens_per_second > best[plan.budget].predicted_tokens_per_second):
-                best[plan.budget] = plan
-        ranked: list[Plan] = []  # the fastest predicted, and then the fastest of other sizes (SPREAD apart):
-        for plan in sorted(best.values(), key=lambda p: -p.predicted_tokens_per_second):  # the loop can
-            if len(ranked) < MODEL_ARMS and all(max(plan.budget, r.budget) >= SPREAD * min(plan.budget, r.budget) for r in ranked):
-                ranked.append(plan)  # find that a smaller or larger tree measures faster than predicted
-        plans = {arm_of(p.draft_spec()): p for p in ranked}
-        if ranked and ranked[0].builder == "best-first":  # free proposals grown into the same search: measured, not priced
-            plans[f"hybrid@{ranked[0].budget}"] = replace(ranked[0], builder="hybrid")
-        for arm in self.book.arms:
-            if family_of(arm) == "model" and arm not in plans:
-                builder, budget = arm.rsplit("@", 1)
-                measured = predict(curves, self.tracker.p_rank, builder, int(budget), self.overlap_possible, **kwargs)
-                if measured is not None and measured.budget <= self.max_tree and (budgets is None or measured.budget in budgets):
-                    plans[arm] = measured
-        return plans
+        return model_plans(self.curves, self.tracker.p_rank, self.gains, self.book.arms, self.max_tree, self.overlap_possible,
+                           budgets=budgets, overhead_per_pass=self.overhead_per_pass, hit_scale=self.hit_scale,
+                           overlap_scale=self.overlap_scale)
 
     def _set_incumbent(self) -> None:
         ranked = self.book.ranked(self.prices)
@@ -312,6 +293,9 @@ class AutoPlanner:
             self.free[arm].observe(report.tree, report.path)  # root-only trees too: rounds without a match
         elif report.spec is not None and report.spec.builder in ("chain", "best-first", "multi-seq") and len(report.tree) > 1:
             self.tracker.observe(report.tree, report.path)  # the drafter's own ranks (hybrid trees hold free nodes too)
+        plan = self.plans.get(arm)
+        if family_of(arm) == "model" and plan is not None and plan.shape_tokens_per_pass is not None:
+            self.gains.observe(plan.builder, plan.shape_tokens_per_pass - 1.0, len(report.path) - 1)
         switch = family_of(arm) == "model" and self._last_family not in (None, "model")  # the drafter caught up first
         spt_incumbent = self.book.incumbent_spt
         price = self.prices.get(arm, Price(None))
@@ -341,6 +325,7 @@ class AutoPlanner:
             if tokens is not None and self.answer_tokens_by_arm[builder] <= 0.5 * self.answer_tokens:
                 replay(self.free[builder], tokens, stats.prompt_tokens, drafter=drafter)
         self.tracker.save(self.backends.pair)
+        self.gains.save(self.backends.pair)
         for builder, tracker in self.free.items():
             tracker.save(self.backends.pair, builder)
         save_book(self.book, self.backends.pair, self.regime)
@@ -349,8 +334,9 @@ class AutoPlanner:
         """What the cost model predicts for a fixed configuration (bench shows it beside the measurement)."""
         if self.profile is None:
             return None
-        return predict(self.curves, self.tracker.p_rank, builder, budget, self.overlap_possible, overhead_per_pass=self.overhead_per_pass,
+        plan = predict(self.curves, self.tracker.p_rank, builder, budget, self.overlap_possible, overhead_per_pass=self.overhead_per_pass,
                        hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
+        return None if plan is None else self.gains.apply(plan)
 
     @property
     def lookup(self) -> LookupTracker:

@@ -54,6 +54,7 @@ class Plan:
     overlap: bool  # drafting runs while the target verifies
     fallback_reason: str | None = None  # why the drafter model is not used (then: lookup or budget 0)
     hit_rate: float = 0.0  # predicted chance that the tree drafted during a pass is the next one (overlap)
+    shape_tokens_per_pass: float | None = None  # the rank model's E before a builder's measured gain (model_arms.py)
 
     @property
     def predicted_speedup(self) -> float:

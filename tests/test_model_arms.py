@@ -1,0 +1,99 @@
+"""The drafter's arms: each builder's measured gain, and best-first where the rank model sees a tie."""
+
+import json
+
+import numpy as np
+import pytest
+
+from ondevice.plan import model_arms
+from ondevice.plan.cost_model import predict, priced_plans
+from ondevice.plan.curve import Curves, LatencyCurve
+from ondevice.plan.model_arms import GAIN_PRIOR, BuilderGains, model_plans
+
+NS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64)
+STREAMED = LatencyCurve(NS, tuple(0.245 + 0.009 * n for n in NS))  # a pass reads the same bytes whatever its size
+DRAFTER = LatencyCurve((1, 2, 4, 8, 16, 32, 64), (0.017, 0.030, 0.042, 0.080, 0.112, 0.196, 0.375))
+CURVES = Curves(STREAMED, DRAFTER)
+P_RANK = np.array([0.81, 0.11, 0.03, 0.01, 0.005, 0.002, 0.001, 0.0005])  # a confident drafter: Sequoia's small shapes are chains
+
+
+def by_budget(plans, budget):
+    return {p.builder: p for p in plans if p.budget == budget}
+
+
+def test_the_rank_model_prices_chain_and_best_first_alike_where_its_shape_is_a_chain():
+    """The premise: at budget 4 the two builders are predicted within TIE (so a thousandth decided)."""
+    best = {}
+    for plan in priced_plans(CURVES, P_RANK, False, budgets=[4]):
+        if plan.builder not in best or plan.predicted_tokens_per_second > best[plan.builder].predicted_tokens_per_second:
+            best[plan.builder] = plan
+    chain, tree = best["chain"], best["best-first"]
+    assert abs(chain.predicted_tokens_per_second / tree.predicted_tokens_per_second - 1) < model_arms.TIE
+
+
+def test_a_tie_goes_to_best_first_and_a_measured_gain_decides():
+    plans = model_plans(CURVES, P_RANK, BuilderGains(), {}, max_tree=64, overlap_possible=False, budgets=[4])
+    assert set(plans) == {"best-first@4", "hybrid@4"}
+    gains = BuilderGains()
+    for _ in range(40):  # chain's trees measured at 1.3x their predicted accepted tokens, best-first's as predicted
+        gains.observe("chain", 2.0, 3)
+        gains.observe("best-first", 2.0, 2)
+    assert gains.gain("chain") > 1.2 and gains.gain("best-first") == pytest.approx(1.0)
+    plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, budgets=[4])
+    assert set(plans) == {"chain@4"}
+
+
+def test_a_gain_scales_accepted_tokens_and_keeps_the_round_time():
+    plan = predict(CURVES, P_RANK, "best-first", 8)
+    gains = BuilderGains({"best-first": [30.0, 14.0]})
+    g = (30.0 + GAIN_PRIOR) / (14.0 + GAIN_PRIOR)
+    assert gains.gain("best-first") == pytest.approx(g)
+    scaled = gains.apply(plan)
+    assert scaled.predicted_tokens_per_pass == pytest.approx(1 + g * (plan.predicted_tokens_per_pass - 1))
+    seconds_per_round = plan.predicted_tokens_per_pass / plan.predicted_tokens_per_second
+    assert scaled.predicted_tokens_per_pass / scaled.predicted_tokens_per_second == pytest.approx(seconds_per_round)
+    assert scaled.shape_tokens_per_pass == plan.predicted_tokens_per_pass
+    assert gains.apply(scaled) == scaled  # applied again: from the shape's E, not compounded
+
+
+def test_gains_fade_stay_bounded_and_survive_a_restart(tmp_path, monkeypatch):
+    monkeypatch.setattr(model_arms, "home", lambda: tmp_path)
+    gains = BuilderGains()
+    for _ in range(2000):  # a misbooked builder: accepted far beyond anything predicted
+        gains.observe("chain", 0.01, 5)
+    assert gains.gain("chain") == model_arms.GAIN_RANGE[1]
+    for _ in range(2000):  # it changed: old rounds fade out
+        gains.observe("chain", 2.0, 1)
+    assert gains.gain("chain") == pytest.approx(0.5, abs=0.02)
+    gains.save("pair")
+    assert BuilderGains.load("pair").gain("chain") == pytest.approx(gains.gain("chain"))
+    BuilderGains.path("pair").write_text(json.dumps({"sums": {"chain": [-1, 2]}}))
+    assert BuilderGains.load("pair").gain("chain") == 1.0  # a file of the wrong shape is replaced
+
+
+def test_a_measured_arm_stays_a_candidate_with_its_gain():
+    gains = BuilderGains({"chain": [10.0, 20.0]})
+    plans = model_plans(CURVES, P_RANK, gains, {"chain@8": None}, max_tree=64, overlap_possible=False)
+    assert plans["chain@8"] == gains.apply(predict(CURVES, P_RANK, "chain", 8))
+
+
+def test_the_planner_learns_a_builders_gain_from_its_rounds_and_keeps_it(tmp_path, monkeypatch):
+    from test_rescale import make_planner
+
+    from ondevice.engine import RoundReport
+    from ondevice.tree import DraftTree
+
+    planner = make_planner(tmp_path, monkeypatch)
+    planner.price()
+    arm = next(a for a in planner.plans if a.startswith("best-first@"))
+    before = planner.plans[arm]
+    spec = before.draft_spec()
+    tree = DraftTree.chain(0, list(range(1, spec.budget + 1)))
+    for _ in range(30):  # every drafted token accepted: more than the rank model predicts
+        planner.observe(RoundReport(tree, list(range(spec.budget + 1)), spec, 0.3, 0.4, 100))
+    expected = (30 * spec.budget + GAIN_PRIOR) / (30 * (before.shape_tokens_per_pass - 1) + GAIN_PRIOR)  # decay aside
+    assert planner.gains.gain("best-first") == pytest.approx(expected, rel=0.1)
+    planner.price()
+    assert planner.plans[arm].predicted_tokens_per_pass > before.predicted_tokens_per_pass
+    planner.finish(type("Stats", (), {"target_passes": 0})())
+    assert BuilderGains.load("toy").gain("best-first") == pytest.approx(planner.gains.gain("best-first"))
