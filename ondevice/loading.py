@@ -18,7 +18,7 @@ from ondevice.catalog.hub import PairFiles
 from ondevice.draft.loader import load_drafter
 from ondevice.errors import OndeviceError
 from ondevice.machine.facts import cuda_available, default_threads, machine_facts, physical_cores
-from ondevice.machine.ram import RamBudget, anon_rss, ram_budget
+from ondevice.machine.ram import RamBudget, anon_rss, ram_budget, unmap_large_frees
 from ondevice.paths import home
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.auto import CPU_MAX_TREE
@@ -184,6 +184,8 @@ def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOp
 
         return OnnxTarget.from_gguf(path, n_ctx=n_ctx, threads=threads)
     sized = memory.llama_target_sizes() if memory is not None else None
+    if memory is not None and memory.streams:
+        unmap_large_frees()  # the heap shares the limit with the kept layers: what it frees goes back
     return load_target(backend, path, n_ctx, threads, sized, opts.device, opts.gpu_memory, opts.ram_memory, largest_tree(on_gpu=False))
 
 
