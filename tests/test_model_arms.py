@@ -35,18 +35,30 @@ def test_a_tie_goes_to_best_first_and_a_measured_gain_decides():
     plans = model_plans(CURVES, P_RANK, BuilderGains(), {}, max_tree=64, overlap_possible=False, budgets=[4])
     assert set(plans) == {"best-first@4", "hybrid@4"}
     gains = BuilderGains()
-    for _ in range(40):  # chain's trees measured at 1.3x their predicted accepted tokens, best-first's as predicted
+    for _ in range(40):  # chain's trees accepted 1.5x what best-first's did, against the same prediction
         gains.observe("chain", 2.0, 3)
         gains.observe("best-first", 2.0, 2)
-    assert gains.gain("chain") > 1.2 and gains.gain("best-first") == pytest.approx(1.0)
+    assert gains.gain("chain") > 1.1 and gains.gain("best-first") < 0.9
     plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, budgets=[4])
     assert set(plans) == {"chain@4"}
 
 
+def test_a_hard_text_measured_on_one_builder_leaves_the_tie_to_best_first():
+    """Seen on chat under 1.2 GB: best-first alone measured below its prediction; that is the text's
+    doing, not the builder's, and must not hand the budget to the unmeasured chain."""
+    gains = BuilderGains()
+    for _ in range(40):
+        gains.observe("best-first", 2.4, 1.6)
+    assert gains.pooled() == pytest.approx(1.6 / 2.4)
+    assert gains.gain("best-first") == pytest.approx(1.0) and gains.gain("chain") == 1.0
+    plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, budgets=[4])
+    assert set(plans) == {"best-first@4", "hybrid@4"}
+
+
 def test_a_gain_scales_accepted_tokens_and_keeps_the_round_time():
     plan = predict(CURVES, P_RANK, "best-first", 8)
-    gains = BuilderGains({"best-first": [30.0, 14.0]})
-    g = (30.0 + GAIN_PRIOR) / (14.0 + GAIN_PRIOR)
+    gains = BuilderGains({"best-first": [30.0, 14.0], "chain": [10.0, 14.0]})
+    g = (30.0 + GAIN_PRIOR) / (40.0 / 28.0 * 14.0 + GAIN_PRIOR)
     assert gains.gain("best-first") == pytest.approx(g)
     scaled = gains.apply(plan)
     assert scaled.predicted_tokens_per_pass == pytest.approx(1 + g * (plan.predicted_tokens_per_pass - 1))
@@ -61,10 +73,12 @@ def test_gains_fade_stay_bounded_and_survive_a_restart(tmp_path, monkeypatch):
     gains = BuilderGains()
     for _ in range(2000):  # a misbooked builder: accepted far beyond anything predicted
         gains.observe("chain", 0.01, 5)
+        gains.observe("best-first", 2.0, 2)
     assert gains.gain("chain") == model_arms.GAIN_RANGE[1]
-    for _ in range(2000):  # it changed: old rounds fade out
+    for _ in range(2000):  # it changed: old rounds fade out; it accepts half of what best-first does
         gains.observe("chain", 2.0, 1)
-    assert gains.gain("chain") == pytest.approx(0.5, abs=0.02)
+        gains.observe("best-first", 2.0, 2)
+    assert gains.gain("chain") == pytest.approx(2 / 3, abs=0.02) and gains.gain("best-first") == pytest.approx(4 / 3, abs=0.02)
     gains.save("pair")
     assert BuilderGains.load("pair").gain("chain") == pytest.approx(gains.gain("chain"))
     BuilderGains.path("pair").write_text(json.dumps({"sums": {"chain": [-1, 2]}}))
@@ -77,7 +91,7 @@ def test_a_measured_arm_stays_a_candidate_with_its_gain():
     assert plans["chain@8"] == gains.apply(predict(CURVES, P_RANK, "chain", 8))
 
 
-def test_the_planner_learns_a_builders_gain_from_its_rounds_and_keeps_it(tmp_path, monkeypatch):
+def test_the_planner_books_a_builders_rounds_and_keeps_them(tmp_path, monkeypatch):
     from test_rescale import make_planner
 
     from ondevice.engine import RoundReport
@@ -91,9 +105,7 @@ def test_the_planner_learns_a_builders_gain_from_its_rounds_and_keeps_it(tmp_pat
     tree = DraftTree.chain(0, list(range(1, spec.budget + 1)))
     for _ in range(30):  # every drafted token accepted: more than the rank model predicts
         planner.observe(RoundReport(tree, list(range(spec.budget + 1)), spec, 0.3, 0.4, 100))
-    expected = (30 * spec.budget + GAIN_PRIOR) / (30 * (before.shape_tokens_per_pass - 1) + GAIN_PRIOR)  # decay aside
-    assert planner.gains.gain("best-first") == pytest.approx(expected, rel=0.1)
-    planner.price()
-    assert planner.plans[arm].predicted_tokens_per_pass > before.predicted_tokens_per_pass
+    measured, predicted = planner.gains.sums["best-first"]
+    assert measured / predicted == pytest.approx(spec.budget / (before.shape_tokens_per_pass - 1))
     planner.finish(type("Stats", (), {"target_passes": 0})())
-    assert BuilderGains.load("toy").gain("best-first") == pytest.approx(planner.gains.gain("best-first"))
+    assert BuilderGains.load("toy").sums["best-first"] == pytest.approx(planner.gains.sums["best-first"])

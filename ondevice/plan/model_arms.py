@@ -12,9 +12,13 @@ limit the planner, taking chain@4 by the thousandth, ran 3.31 / 2.59 tokens per 
 where best-first @4 ran 3.69 / 3.20 — a 5.8 tok/s default where 6.2 was there.
 
 So:
-1. each builder's *gain* — accepted drafted tokens measured over its rounds ÷ the accepted tokens
-   its plans predicted (faded per round, with a prior of 1 worth GAIN_PRIOR predicted tokens) —
-   scales its trees' predicted accepted tokens: E' = 1 + gain·(E − 1);
+1. each builder's *gain*, relative to the others — its accepted drafted tokens measured ÷ what its
+   plans predicted, over the same ratio pooled across builders (sums faded per round; a prior of
+   1 worth GAIN_PRIOR tokens) — scales its trees' predicted accepted tokens: E' = 1 + gain·(E − 1).
+   Relative, because how well the drafter guesses this text is every builder's (the acceptance
+   tracker and the arms' calibration κ learn that): measured alone on chat, best-first @4 came out
+   below its prediction, an absolute gain left the unmeasured chain@4 at 1 and the planner ran
+   chain@4 on 19 rounds of 35 (4.37 tok/s where best-first @4 ran 5.93);
 2. at one budget, best-first is the candidate unless another builder is predicted more than TIE
    faster: where the model sees no difference, the builder that adapts to the drafter is taken,
    and what it achieves is then measured (its gain; plan/arms.py times it).
@@ -43,10 +47,16 @@ class BuilderGains:
     def __init__(self, sums: dict[str, list[float]] | None = None):
         self.sums = {b: [float(m), float(p)] for b, (m, p) in (sums or {}).items()}
 
+    def pooled(self) -> float:
+        """Measured ÷ predicted accepted tokens over every builder's rounds (1 with none)."""
+        measured, predicted = (sum(s[i] for s in self.sums.values()) for i in (0, 1))
+        return measured / predicted if predicted > 1e-9 else 1.0
+
     def gain(self, builder: str) -> float:
+        """The builder's measured ÷ predicted over the pooled ratio: 1 unmeasured, or measured alone."""
         measured, predicted = self.sums.get(builder, (0.0, 0.0))
         low, high = GAIN_RANGE
-        return min(high, max(low, (measured + GAIN_PRIOR) / (predicted + GAIN_PRIOR)))
+        return min(high, max(low, (measured + GAIN_PRIOR) / (self.pooled() * predicted + GAIN_PRIOR)))
 
     def observe(self, builder: str, predicted_accepted: float, accepted: int) -> None:
         """One round of `builder`: its plan predicted `predicted_accepted` drafted tokens accepted
