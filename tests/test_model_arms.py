@@ -34,6 +34,8 @@ def test_the_rank_model_prices_chain_and_best_first_alike_where_its_shape_is_a_c
 def test_a_tie_goes_to_best_first_and_a_measured_gain_decides():
     plans = model_plans(CURVES, P_RANK, BuilderGains(), {}, max_tree=64, overlap_possible=False, budgets=[4])
     assert set(plans) == {"best-first@4", "hybrid@4"}
+    tree, hybrid = plans["best-first@4"], plans["hybrid@4"]  # the hybrid is audited, not the incumbent by a tie
+    assert hybrid.predicted_tokens_per_second == pytest.approx(tree.predicted_tokens_per_second / (1 + model_arms.TIE))
     gains = BuilderGains()
     for _ in range(40):  # chain's trees accepted 1.5x what best-first's did, against the same prediction
         gains.observe("chain", 2.0, 3)

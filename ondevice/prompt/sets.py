@@ -106,6 +106,18 @@ HELDOUT_CHAT = [
     "How is a linked list different from an array, and when does each win?",
 ]
 
+# A second held-out pair of sets, written on 2026-11-26 after the planner's builder gains were tuned on
+# the first pair's streamed results: the measurement of that change (README, "Larger than memory").
+HELDOUT2_CODE = [
+    "Write a Python function that returns the n most common words in a text file, ignoring case and punctuation.",
+    "Write a Rust function that reverses the words of a sentence in place without allocating a new string.",
+]
+
+HELDOUT2_CHAT = [
+    "What is the difference between a process and a thread?",
+    "Give me three tips for writing clear commit messages, with an example of each.",
+]
+
 # More edits (held out from tuning, like everything below: no constant, prior or keep set was chosen on them).
 EDIT_EVAL += [
     """Add a docstring and type hints to this Python function. Do not change its logic; reply with the whole function.
@@ -371,7 +383,8 @@ EVAL = CODE_EVAL + CHAT_EVAL
 HELDOUT = HELDOUT_CODE + HELDOUT_CHAT
 CALIBRATION = CODE_CALIBRATION + CHAT_CALIBRATION
 SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "agent": AGENT_EVAL,  # by --prompts name
-        "calibration": CALIBRATION, "heldout": HELDOUT, "heldout-code": HELDOUT_CODE, "heldout-chat": HELDOUT_CHAT}
+        "calibration": CALIBRATION, "heldout": HELDOUT, "heldout-code": HELDOUT_CODE, "heldout-chat": HELDOUT_CHAT,
+        "heldout2-code": HELDOUT2_CODE, "heldout2-chat": HELDOUT2_CHAT}
 
 
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
