@@ -18,7 +18,10 @@ So:
    Relative, because how well the drafter guesses this text is every builder's (the acceptance
    tracker and the arms' calibration κ learn that): measured alone on chat, best-first @4 came out
    below its prediction, an absolute gain left the unmeasured chain@4 at 1 and the planner ran
-   chain@4 on 19 rounds of 35 (4.37 tok/s where best-first @4 ran 5.93);
+   chain@4 on 19 rounds of 35 (4.37 tok/s where best-first @4 ran 5.93). Only the drafter's own
+   trees are booked (GAINED: a hybrid's accepted tokens are partly its free sources'), and the
+   prior is worth ~25 rounds: pooled with a hybrid that did well on code, one poor best-first round
+   had made chain@4 the candidate again (13 of 33 rounds on the second held-out chat set);
 2. at one budget, best-first is the candidate unless another builder is predicted more than TIE
    faster: where the model sees no difference, the builder that adapts to the drafter is taken,
    and what it achieves is then measured (its gain; plan/arms.py times it). The hybrid tree (free
@@ -40,7 +43,8 @@ from ondevice.plan.cost_model import Plan, predict, priced_plans
 MODEL_ARMS = 3  # the drafter's best trees priced as arms, fastest predicted first, ...
 SPREAD = 1.5  # ... their budgets at least this far apart
 TIE = 0.01  # predictions this close at one budget: best-first
-GAIN_PRIOR = 16.0  # a gain of 1, worth this many predicted accepted tokens
+GAIN_PRIOR = 64.0  # a gain of 1, worth this many predicted accepted tokens (~25 rounds: one round's luck is not a builder's)
+GAINED = ("chain", "best-first")  # the drafter's own trees; a hybrid's accepted tokens are partly its free sources'
 GAIN_DECAY = 0.995  # per round of the builder: half-life ~140 rounds
 GAIN_RANGE = (0.25, 4.0)  # a gain outside this says the round was misbooked, not the shape
 
@@ -53,18 +57,22 @@ class BuilderGains:
 
     def pooled(self) -> float:
         """Measured ÷ predicted accepted tokens over every builder's rounds (1 with none)."""
-        measured, predicted = (sum(s[i] for s in self.sums.values()) for i in (0, 1))
+        measured, predicted = (sum(s[i] for b, s in self.sums.items() if b in GAINED) for i in (0, 1))
         return measured / predicted if predicted > 1e-9 else 1.0
 
     def gain(self, builder: str) -> float:
         """The builder's measured ÷ predicted over the pooled ratio: 1 unmeasured, or measured alone."""
+        if builder not in GAINED:
+            return 1.0
         measured, predicted = self.sums.get(builder, (0.0, 0.0))
         low, high = GAIN_RANGE
         return min(high, max(low, (measured + GAIN_PRIOR) / (self.pooled() * predicted + GAIN_PRIOR)))
 
     def observe(self, builder: str, predicted_accepted: float, accepted: int) -> None:
         """One round of `builder`: its plan predicted `predicted_accepted` drafted tokens accepted
-        (before any gain), the target accepted `accepted`."""
+        (before any gain), the target accepted `accepted`. Builders not in GAINED are not booked."""
+        if builder not in GAINED:
+            return
         sums = self.sums.setdefault(builder, [0.0, 0.0])
         sums[0] = sums[0] * GAIN_DECAY + accepted
         sums[1] = sums[1] * GAIN_DECAY + predicted_accepted
