@@ -71,7 +71,7 @@ def test_a_gain_scales_accepted_tokens_and_keeps_the_round_time():
 
 
 def test_gains_fade_stay_bounded_and_survive_a_restart(tmp_path, monkeypatch):
-    monkeypatch.setattr(model_arms, "home", lambda: tmp_path)
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     gains = BuilderGains()
     for _ in range(2000):  # a misbooked builder: accepted far beyond anything predicted
         gains.observe("chain", 0.01, 5)

@@ -21,7 +21,7 @@ So:
    chain@4 on 19 rounds of 35 (4.37 tok/s where best-first @4 ran 5.93). Only the drafter's own
    trees are booked (GAINED: a hybrid's accepted tokens are partly its free sources'), and the
    prior is worth ~25 rounds: pooled with a hybrid that did well on code, one poor best-first round
-   had made chain@4 the candidate again (13 of 33 rounds on the second held-out chat set);
+   had made chain@4 the candidate again (13 of 32 rounds on the second held-out chat set);
 2. at one budget, best-first is the candidate unless another builder is predicted more than TIE
    faster: where the model sees no difference, the builder that adapts to the drafter is taken,
    and what it achieves is then measured (its gain; plan/arms.py times it). The hybrid tree (free
@@ -36,7 +36,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ondevice.paths import home, read_state, write_json
+from ondevice.paths import read_state, write_json
+from ondevice.plan.acceptance import acceptance_dir
 from ondevice.plan.arms import arm_of, family_of
 from ondevice.plan.cost_model import Plan, predict, priced_plans
 
@@ -98,7 +99,7 @@ class BuilderGains:
 
     @staticmethod
     def path(pair: str) -> Path:
-        return home() / "acceptance" / f"{pair}.gains.json"
+        return acceptance_dir() / f"{pair}.gains.json"  # beside the acceptance tracker's record
 
     def save(self, pair: str) -> Path:
         return write_json(self.path(pair), self.to_dict())
