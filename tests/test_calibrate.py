@@ -67,7 +67,8 @@ def test_proposals_for_another_context_are_not_judged():
 @pytest.mark.parametrize("truth", [0.1, 0.5, 0.9])
 def test_a_source_is_priced_by_its_record_not_its_guess(truth):
     """A source that always states 0.95 for its one-token guess, right at rate `truth`: after 400
-    rounds its price is the frequency of its right guesses; another source keeps its own guess."""
+    rounds its price is the frequency of its right guesses; a confidence it never stated is scaled
+    by the same record (0.5 stated: 0.5 × right / stated); another source keeps its own guess."""
     rng = np.random.default_rng(0)
     record, context, right = SourceRecord(), [7], 0
     for _ in range(400):
@@ -77,6 +78,7 @@ def test_a_source_is_priced_by_its_record_not_its_guess(truth):
         context = context + [token]
         record.observe(context)
     assert abs(record.rate("liar", math.log(0.95)) - right / 400) < 0.02
+    assert abs(record.rate("liar", math.log(0.55)) - 0.55 * right / (400 * 0.95)) < 0.02
     assert record.rate("other", math.log(0.95)) == pytest.approx(0.95)
     priced = record.price("liar", DraftTree.chain(3, [1, 1], [math.log(0.95)] * 2))
     assert np.allclose(np.exp(np.diff(priced.logprobs)), record.rate("liar", math.log(0.95)))

@@ -11,9 +11,12 @@ Each round the router shows the sources' proposals here (`propose`); the next ro
 the tokens the target emitted (accepted drafts + its own token), against which they are judged
 (`observe`): a proposed node whose parent's path was emitted is judged right or wrong by the token
 emitted at its depth. That is exactly the step probability a best-first search multiplies:
-P(node right | its parent right). Counts are kept per source and per bin of stated probability;
-the price of a step is the bin's rate, shrunk toward the stated probability by PRIOR
-pseudo-observations (a new session trusts the guesses, a few rounds correct them).
+P(node right | its parent right). Counts are kept per source and per bin of stated probability.
+The price of a step is its bin's rate shrunk by PRIOR pseudo-observations toward the stated
+probability scaled by the source's overall record (right guesses / the stated probabilities of
+all its judged guesses, itself shrunk toward 1): a bin seen rarely borrows from the source's other
+bins, so a source that is seldom right (recycling on a short chat: 6% of its first tokens on `chat`)
+is priced low at every confidence after a few rounds, and a new session trusts the guesses.
 
 Prices only rank nodes: greedy and SpecExec verification accept what the target chooses whatever
 the tree, so exactness does not depend on them.
@@ -39,18 +42,22 @@ class SourceRecord:
     def __init__(self, bins: int = BINS, prior: float = PRIOR):
         self.bins, self.prior = bins, prior
         self.counts: dict[str, np.ndarray] = {}  # source -> (bins, 2)
+        self.stated: dict[str, float] = {}  # source -> Σ stated probability of its judged guesses
         self.pending: tuple[int, tuple[int, ...], dict[str, DraftTree]] | None = None  # (context length, its tail, proposals)
 
     def forget(self) -> None:
-        self.counts, self.pending = {}, None
+        self.counts, self.stated, self.pending = {}, {}, None
 
     def bin(self, step: float) -> int:
         return min(self.bins - 1, int(math.exp(step) * self.bins))
 
     def rate(self, source: str, step: float) -> float:
-        """The price of a step the source stated as log-prob `step`: its bin's record, shrunk toward exp(step)."""
-        judged, right = self.counts.get(source, np.zeros((self.bins, 2)))[self.bin(step)]
-        return (right + self.prior * math.exp(step)) / (judged + self.prior)
+        """The price of a step the source stated as log-prob `step`: its bin's record, shrunk toward
+        exp(step) × the source's overall ratio of right guesses to stated probability."""
+        counts = self.counts.get(source, np.zeros((self.bins, 2)))
+        scale = (counts[:, 1].sum() + self.prior) / (self.stated.get(source, 0.0) + self.prior)
+        judged, right = counts[self.bin(step)]
+        return (right + self.prior * min(1.0, math.exp(step) * scale)) / (judged + self.prior)
 
     def price(self, source: str, tree: DraftTree) -> DraftTree:
         """`tree` with every step re-scored by `rate` (cumulative log-probs, a child never above its parent)."""
@@ -79,6 +86,7 @@ class SourceRecord:
 
     def judge(self, source: str, tree: DraftTree, emitted: list[int]) -> None:
         counts = self.counts.setdefault(source, np.zeros((self.bins, 2)))
+        self.stated.setdefault(source, 0.0)
         on_path = [True] + [False] * (len(tree) - 1)
         depth = [0] * len(tree)
         for i in range(1, len(tree)):  # parents come before children
@@ -87,4 +95,6 @@ class SourceRecord:
             if not on_path[parent] or depth[i] > len(emitted):
                 continue
             on_path[i] = int(tree.tokens[i]) == emitted[depth[i] - 1]
-            counts[self.bin(float(tree.logprobs[i] - tree.logprobs[parent]))] += (1, on_path[i])
+            step = float(tree.logprobs[i] - tree.logprobs[parent])
+            counts[self.bin(step)] += (1, on_path[i])
+            self.stated[source] += math.exp(step)
