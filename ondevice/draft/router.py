@@ -10,9 +10,11 @@ pipeline, so they keep what this session taught them:
            holds every prompt and answer drafted for, not only the rounds it drafted.
 - recycle: TokenRecycler, filled by `learn` (the engine's hook after every verification).
 - lookup:  PromptLookupDrafter (stateless).
-- hybrid:  the three free trees merged (free_tree.merge_trees), handed to the drafter model, which
-           grows its best-first search from them under the same budget (draft/hybrid.py). Without
-           a drafter model it is the merged free tree alone.
+- hybrid:  the three free trees, each re-priced by its source's record (draft/calibrate.py: how
+           often its proposals came true, judged against the next round's context) and merged
+           (free_tree.merge_trees), handed to the drafter model, which grows its best-first search
+           from them under the same budget (draft/hybrid.py). Without a drafter model it is the
+           merged free tree alone.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ondevice.draft.calibrate import SourceRecord
 from ondevice.draft.free_tree import for_rule, merge_trees
 from ondevice.draft.recycle import TokenRecycler
 from ondevice.draft.suffix_drafter import SuffixDrafter
@@ -37,6 +40,7 @@ class DraftRouter:
         self.n_vocab = model.n_vocab if model is not None else lookup.n_vocab
         self.suffix = suffix if suffix is not None else SuffixDrafter(lookup.n_vocab)
         self.recycler = recycler if recycler is not None else TokenRecycler(lookup.n_vocab)
+        self.record = SourceRecord()  # how often each free source's proposals came true
         self.last_builder: str | None = None  # of the last tree drafted (the target alone drafts none)
 
     def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
@@ -45,6 +49,7 @@ class DraftRouter:
         self.last_builder = spec.builder
         if len(context):
             self.suffix.index.sync(context)  # history, whatever builds this tree
+            self.record.observe(context)  # the last hybrid round's proposals, judged by what the target emitted
         if spec.builder == "lookup":
             return self.lookup.draft(context, spec)
         if spec.builder == "suffix":
@@ -60,14 +65,16 @@ class DraftRouter:
         return self.model.draft(context, spec)
 
     def free_tree(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
-        """The free drafters' proposals for this round merged, cut to the spec's budget."""
+        """The free drafters' proposals for this round, each priced by its source's record, merged and
+        cut to the spec's budget."""
         plain = replace(spec, sample_children=False)  # proposals: q is not needed here
-        trees = [
-            self.suffix.draft(context, plain),
-            self.recycler.draft(context, plain),
-            self.lookup.draft(context, replace(plain, builder="lookup")),
-        ]
-        return merge_trees(trees, spec.budget, spec.max_depth)
+        trees = {
+            "suffix": self.suffix.draft(context, plain),
+            "recycle": self.recycler.draft(context, plain),
+            "lookup": self.lookup.draft(context, replace(plain, builder="lookup")),
+        }
+        self.record.propose(context, trees)
+        return merge_trees([self.record.price(name, tree) for name, tree in trees.items()], spec.budget, spec.max_depth)
 
     def learn(self, tree: DraftTree, logits: np.ndarray, path: Sequence[int]) -> None:
         """After a verification pass over a drafted tree: the target's candidates at its nodes go to
@@ -81,6 +88,7 @@ class DraftRouter:
         """Drop what this session taught the free drafters (e.g. between benchmark configurations)."""
         self.suffix.forget()
         self.recycler.forget()
+        self.record.forget()
 
     def grows(self, spec: DraftSpec) -> bool:
         """Whether the drafter model can grow this round's search while the target verifies it."""
