@@ -15,6 +15,7 @@ STREAMED = LatencyCurve(NS, tuple(0.245 + 0.009 * n for n in NS))  # a pass read
 DRAFTER = LatencyCurve((1, 2, 4, 8, 16, 32, 64), (0.017, 0.030, 0.042, 0.080, 0.112, 0.196, 0.375))
 CURVES = Curves(STREAMED, DRAFTER)
 P_RANK = np.array([0.81, 0.11, 0.03, 0.01, 0.005, 0.002, 0.001, 0.0005])  # a confident drafter: Sequoia's small shapes are chains
+EDITS, PROSE = 0.55, 0.15  # the free drafters' replayed share of matched text on edits, on code and chat answers
 
 
 def by_budget(plans, budget):
@@ -32,7 +33,7 @@ def test_the_rank_model_prices_chain_and_best_first_alike_where_its_shape_is_a_c
 
 
 def test_a_tie_goes_to_best_first_and_a_measured_gain_decides():
-    plans = model_plans(CURVES, P_RANK, BuilderGains(), {}, max_tree=64, overlap_possible=False, budgets=[4])
+    plans = model_plans(CURVES, P_RANK, BuilderGains(), {}, max_tree=64, overlap_possible=False, free_share=EDITS, budgets=[4])
     assert set(plans) == {"best-first@4", "hybrid@4"}
     tree, hybrid = plans["best-first@4"], plans["hybrid@4"]  # the hybrid is audited, not the incumbent by a tie
     assert hybrid.predicted_tokens_per_second == pytest.approx(tree.predicted_tokens_per_second / (1 + model_arms.TIE))
@@ -41,7 +42,7 @@ def test_a_tie_goes_to_best_first_and_a_measured_gain_decides():
         gains.observe("chain", 2.0, 3)
         gains.observe("best-first", 2.0, 2)
     assert gains.gain("chain") > 1.1 and gains.gain("best-first") < 0.9
-    plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, budgets=[4])
+    plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, free_share=EDITS, budgets=[4])
     assert set(plans) == {"chain@4"}
 
 
@@ -53,8 +54,16 @@ def test_a_hard_text_measured_on_one_builder_leaves_the_tie_to_best_first():
         gains.observe("best-first", 2.4, 1.6)
     assert gains.pooled() == pytest.approx(1.6 / 2.4)
     assert gains.gain("best-first") == pytest.approx(1.0) and gains.gain("chain") == 1.0
-    plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, budgets=[4])
+    plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, free_share=EDITS, budgets=[4])
     assert set(plans) == {"best-first@4", "hybrid@4"}
+
+
+def test_no_hybrid_where_the_free_drafters_match_little():
+    """On code and chat answers the free nodes only displaced the drafter's (fewer tokens per pass at
+    the same budget): there the hybrid is no arm, where the free drafters match it is."""
+    for share, expected in ((PROSE, {"best-first@4", "best-first@8"}), (EDITS, {"best-first@4", "best-first@8", "hybrid@8"})):
+        plans = model_plans(CURVES, P_RANK, BuilderGains(), {}, max_tree=64, overlap_possible=False, free_share=share, budgets=[4, 8])
+        assert set(plans) == expected
 
 
 def test_a_gain_scales_accepted_tokens_and_keeps_the_round_time():
@@ -98,13 +107,13 @@ def test_one_poor_round_does_not_hand_the_tie_to_an_unmeasured_builder():
         gains.observe("hybrid", 2.4, 3)
     gains.observe("best-first", 2.4, 0)
     assert gains.gain("hybrid") == 1.0 and gains.pooled() == 0.0 / 2.4
-    plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, budgets=[4])
+    plans = model_plans(CURVES, P_RANK, gains, {}, max_tree=64, overlap_possible=False, free_share=EDITS, budgets=[4])
     assert "best-first@4" in plans and "chain@4" not in plans
 
 
 def test_a_measured_arm_stays_a_candidate_with_its_gain():
     gains = BuilderGains({"chain": [10.0, 20.0]})
-    plans = model_plans(CURVES, P_RANK, gains, {"chain@8": None}, max_tree=64, overlap_possible=False)
+    plans = model_plans(CURVES, P_RANK, gains, {"chain@8": None}, max_tree=64, overlap_possible=False, free_share=EDITS)
     assert plans["chain@8"] == gains.apply(predict(CURVES, P_RANK, "chain", 8))
 
 

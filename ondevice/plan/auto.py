@@ -51,6 +51,7 @@ JUMP_PASSES = 2  # ... that many passes in a row (one pass can be another proces
 SETTLE_ROUNDS = 3  # re-pricing after each of the next rounds while the curve learns the new regime
 REPRICE_ROUNDS = 256  # the drafter's trees are re-priced this often (~30 ms each time), and before every answer
 FREE_ARMS = ("lookup", "suffix", "recycle")  # drafters that cost no model time (draft/router.py)
+REPLAYED = ("lookup", "suffix")  # ... whose records learn from every answer (replay), whatever decoded it
 FRESH_PASSES = 16  # pass times this recent bound what the target alone could do (_target_floor)
 
 
@@ -200,8 +201,9 @@ class AutoPlanner:
     def _model_plans(self) -> dict[str, Plan]:
         """The drafter's trees the closed loop weighs (model_arms.py), at --budget only if one was given."""
         budgets = None if self.fixed_budget is None else [self.fixed_budget]
+        free_share = max(self.free[builder].share for builder in REPLAYED)
         return model_plans(self.curves, self.tracker.p_rank, self.gains, self.book.arms, self.max_tree, self.overlap_possible,
-                           budgets=budgets, overhead_per_pass=self.overhead_per_pass, hit_scale=self.hit_scale,
+                           free_share, budgets=budgets, overhead_per_pass=self.overhead_per_pass, hit_scale=self.hit_scale,
                            overlap_scale=self.overlap_scale)
 
     def _set_incumbent(self) -> None:
@@ -321,7 +323,7 @@ class AutoPlanner:
             predicted = self.plan.predicted_tokens_per_pass / self.plan.predicted_tokens_per_second  # seconds per round
             measured = stats.decode_seconds / stats.target_passes
             self.overlap_scale *= measured / predicted
-        for builder, drafter in (("lookup", None), ("suffix", SuffixDrafter(0))):
+        for builder, drafter in zip(REPLAYED, (None, SuffixDrafter(0))):
             if tokens is not None and self.answer_tokens_by_arm[builder] <= 0.5 * self.answer_tokens:
                 replay(self.free[builder], tokens, stats.prompt_tokens, drafter=drafter)
         self.tracker.save(self.backends.pair)

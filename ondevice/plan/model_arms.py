@@ -28,7 +28,17 @@ So:
    proposals grown into the same search) is priced TIE below the best-first tree it extends: it is
    audited and wins where it measures faster, but a tie does not make it the incumbent (on chat its
    free nodes were accepted 0 times in 145 and it drafts more: tuned chat under 1.2 GB, auto, hybrid@4
-   on 16 of its 30 rounds, ran 5.76 tok/s where best-first @4 ran 7.04).
+   on 16 of its 30 rounds, ran 5.76 tok/s where best-first @4 ran 7.04);
+3. the hybrid is an arm only where the free drafters have shown text they match: the share of
+   emitted tokens that rounds with a lookup or suffix match produced (fallback.LookupTracker,
+   replayed over every answer for free) above HYBRID_SHARE. Where it is not, its free nodes only
+   displace the drafter's: at the same budget, best-first's tokens per pass against the hybrid's,
+   code / chat, 1.2 GB, 2 x 48 tokens: 3.84 / 3.20 vs 3.20 / 3.10, and in RAM (4 x 64, @4 and @8)
+   3.71 / 3.16 and 5.69 / 3.94 vs 3.66 / 3.05 and 5.22 / 3.71; even free nodes added on top of the
+   best-first tree (not in its budget) added 1-3%. Replayed shares after two answers (fresh record,
+   RAM): edit 0.53 / 0.60 (lookup / suffix), agent 0.43 / 0.51, code 0.22 / 0.21, chat 0.10 / 0.11;
+   where the hybrid was measured faster, edits and agent turns (README, free drafts), the share is
+   high.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ GAIN_PRIOR = 64.0  # a gain of 1, worth this many predicted accepted tokens (~25
 GAINED = ("chain", "best-first")  # the drafter's own trees; a hybrid's accepted tokens are partly its free sources'
 GAIN_DECAY = 0.995  # per round of the builder: half-life ~140 rounds
 GAIN_RANGE = (0.25, 4.0)  # a gain outside this says the round was misbooked, not the shape
+HYBRID_SHARE = 0.3  # the free drafters' replayed share of matched text above which a hybrid is an arm (the trackers' prior)
 
 
 class BuilderGains:
@@ -114,10 +125,11 @@ def _score(plan: Plan) -> float:
 
 
 def model_plans(curves, p_rank, gains: BuilderGains, measured_arms, max_tree: int, overlap_possible: bool,
-                budgets=None, **kwargs) -> dict[str, Plan]:
+                free_share: float, budgets=None, **kwargs) -> dict[str, Plan]:
     """The drafter's arms: its fastest predicted tree at MODEL_ARMS budgets (the best, and the best of
-    other sizes, SPREAD apart), a hybrid of the best where it is best-first, and every tree in
-    `measured_arms` still within reach (its measurement may say it is the best). Gains applied."""
+    other sizes, SPREAD apart), a hybrid of the best where it is best-first and `free_share` (the free
+    drafters' share of matched text) is above HYBRID_SHARE, and every tree in `measured_arms` still
+    within reach (its measurement may say it is the best). Gains applied."""
     best: dict[int, Plan] = {}
     for plan in priced_plans(curves, p_rank, overlap_possible, budgets=budgets, **kwargs):
         plan = gains.apply(plan)
@@ -128,7 +140,7 @@ def model_plans(curves, p_rank, gains: BuilderGains, measured_arms, max_tree: in
         if len(ranked) < MODEL_ARMS and all(max(plan.budget, r.budget) >= SPREAD * min(plan.budget, r.budget) for r in ranked):
             ranked.append(plan)
     plans = {arm_of(p.draft_spec()): p for p in ranked}
-    if ranked and ranked[0].builder == "best-first":  # free proposals grown into the same search: measured, not priced,
+    if free_share > HYBRID_SHARE and ranked and ranked[0].builder == "best-first":  # free proposals grown into the same search: measured, not priced,
         hybrid = gains.apply(replace(ranked[0], builder="hybrid"))  # so priced a TIE below the search it extends:
         plans[f"hybrid@{ranked[0].budget}"] = replace(hybrid, predicted_tokens_per_second=hybrid.predicted_tokens_per_second / (1 + TIE))
     for arm in measured_arms:

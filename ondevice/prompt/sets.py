@@ -118,6 +118,16 @@ HELDOUT2_CHAT = [
     "Give me three tips for writing clear commit messages, with an example of each.",
 ]
 
+HELDOUT3_CODE = [  # written for the hybrid arm's audit (stop 31), measured once
+    "Write a Python class implementing an LRU cache with get and put in O(1), using a dict and a doubly linked list.",
+    "Write a Go function that merges two sorted slices of integers into one sorted slice.",
+]
+
+HELDOUT3_CHAT = [
+    "Explain how a hash table handles collisions, in plain words.",
+    "What should I check before buying a used bicycle?",
+]
+
 # More edits (held out from tuning, like everything below: no constant, prior or keep set was chosen on them).
 EDIT_EVAL += [
     """Add a docstring and type hints to this Python function. Do not change its logic; reply with the whole function.
@@ -384,7 +394,8 @@ HELDOUT = HELDOUT_CODE + HELDOUT_CHAT
 CALIBRATION = CODE_CALIBRATION + CHAT_CALIBRATION
 SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "agent": AGENT_EVAL,  # by --prompts name
         "calibration": CALIBRATION, "heldout": HELDOUT, "heldout-code": HELDOUT_CODE, "heldout-chat": HELDOUT_CHAT,
-        "heldout2-code": HELDOUT2_CODE, "heldout2-chat": HELDOUT2_CHAT}
+        "heldout2-code": HELDOUT2_CODE, "heldout2-chat": HELDOUT2_CHAT,
+        "heldout3-code": HELDOUT3_CODE, "heldout3-chat": HELDOUT3_CHAT}
 
 
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
