@@ -86,6 +86,7 @@ def test_a_pair_not_downloaded_keeps_layers_cached(tmp_path, monkeypatch):
     plan = plan_memory(target, drafter, budget=budget, process_bytes=100 * MiB, ahead=WINDOW_AHEAD)
     cached = target.working_bytes - plan.bytes_read_per_pass
     assert plan.streams and len(plan.kept_layers(WINDOW_AHEAD)) > 30
-    assert plan.cache_room - (WINDOW_AHEAD + 1) * max(target.layer_bytes) - max(target.layer_bytes) <= cached <= plan.cache_room
+    room = plan.cache_room - plan.decode_slack
+    assert room - (WINDOW_AHEAD + 1) * max(target.layer_bytes) - max(target.layer_bytes) <= cached <= room
     place = re.fullmatch(r"streams from disk, ([\d.]+) GB per pass", target_place(pair, budget))
     assert place and float(place[1]) * 1e9 < 0.75 * target.file_bytes  # ~20 GB per pass, not 42

@@ -50,6 +50,7 @@ F32, F16 = 4, 2
 CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
 TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
+DECODE_COPIES = 2  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
 TREE_SIZES = (64, 32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more
 # nodes costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes,
 # twice) come out of the page cache that holds the target
@@ -202,6 +203,17 @@ class MemoryPlan:
         return max(0, self.budget.bytes - self.resident_bytes - MARGIN)
 
     @property
+    def decode_slack(self) -> int:
+        """Room the kept layers leave for what decoding adds past the plan: DECODE_COPIES copies of
+        the largest tree's logits (Python's own copy, verification's). Measured in a 1.2 GB cgroup
+        with the default pair (max_tree 64: 78 MB here): anonymous memory grew 12 MB past the plan
+        after 5-node trees, 43 MB after 16-node ones, taken from the kept layers, which then faulted
+        back a page at a time during compute. With ~64 MB of room left (2 runs each, tuned code):
+        best-first @15 8.20 / 8.65 tok/s against 6.68 / 7.97 without; @4 6.50 / 7.15 against
+        6.77 / 7.30; the target alone reads 90 MB more per pass (~15% slower), which auto rarely runs."""
+        return DECODE_COPIES * self.sizes.max_tree * self.target.n_vocab * F32 if self.streams else 0
+
+    @property
     def streams(self) -> bool:
         return not self.target_in_ram
 
@@ -236,7 +248,7 @@ class MemoryPlan:
         if self.target_in_ram or not sizes:
             return ()
         window = (ahead + 1) * max(sizes)
-        room = self.cache_room - window
+        room = self.cache_room - window - self.decode_slack
         head = self.target.head_bytes
         keep_head = 0 < head <= room
         room -= head if keep_head else max(0, head + max(sizes) - window)  # a streamed head needs room for all of it

@@ -128,6 +128,16 @@ HELDOUT3_CHAT = [
     "What should I check before buying a used bicycle?",
 ]
 
+HELDOUT4_CODE = [  # written after the decode slack was measured (stop 31), measured once
+    "Write a Python function that parses a duration like '1h30m15s' into a number of seconds.",
+    "Write a C function that counts the set bits in a 32-bit unsigned integer, with a short test in main.",
+]
+
+HELDOUT4_CHAT = [
+    "How do vaccines train the immune system?",
+    "Suggest a simple weekly plan for learning to cook, for a complete beginner.",
+]
+
 # More edits (held out from tuning, like everything below: no constant, prior or keep set was chosen on them).
 EDIT_EVAL += [
     """Add a docstring and type hints to this Python function. Do not change its logic; reply with the whole function.
@@ -395,7 +405,8 @@ CALIBRATION = CODE_CALIBRATION + CHAT_CALIBRATION
 SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "agent": AGENT_EVAL,  # by --prompts name
         "calibration": CALIBRATION, "heldout": HELDOUT, "heldout-code": HELDOUT_CODE, "heldout-chat": HELDOUT_CHAT,
         "heldout2-code": HELDOUT2_CODE, "heldout2-chat": HELDOUT2_CHAT,
-        "heldout3-code": HELDOUT3_CODE, "heldout3-chat": HELDOUT3_CHAT}
+        "heldout3-code": HELDOUT3_CODE, "heldout3-chat": HELDOUT3_CHAT,
+        "heldout4-code": HELDOUT4_CODE, "heldout4-chat": HELDOUT4_CHAT}
 
 
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
