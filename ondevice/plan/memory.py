@@ -1,9 +1,9 @@
 """The memory plan: where the target lives, decided at load from sizes alone.
 
     plan = plan_memory(ModelSize.from_gguf(target), ModelSize.from_gguf(trimmed_drafter), n_ctx=256, ahead=2)
-    plan.describe()   # 'target streams from disk (470 MB read per pass), its LM head and first 11 of 28
+    plan.describe()   # 'target streams from disk (560 MB read per pass), its LM head and first 8 of 28
                       #  layers kept in RAM: 1.1 GB target, RAM 1.2 GB (cgroup limit 1.2 GB) holds drafter
-                      #  300 MB, buffers 114 MB (context 256 tokens, trees up to 64 nodes), process 100 MB'
+                      #  300 MB, buffers 114 MB (context 256 tokens, trees up to 64 nodes), process 105 MB'
 
 Memory model, in bytes, for a llama.cpp target on a CPU:
 
@@ -19,7 +19,8 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
                            pass its pages stay in the page cache (mapped; llama.cpp may repack them);
     else it streams         the file stays mapped and unrepacked; with the page cache steered layer
                            by layer (target/page_cache.py, `ahead` layers in flight) its first layers
-                           that fit in the room left stay cached (`kept_layers`), and every pass reads
+                           that fit in the room left, less what decoding may add (`decode_slack`), stay
+                           cached (`kept_layers`), and every pass reads
                            the others and the LM head from disk (`bytes_read_per_pass`).
 
 When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
