@@ -190,7 +190,7 @@ def bench(
     ),
     prompt_set: str = typer.Option(
         "eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays), "
-        "agent (conversations that revise the same code), calibration, or heldout / heldout-code / heldout-chat / heldout2-code / heldout2-chat / heldout3-code / heldout3-chat / heldout4-code / heldout4-chat "
+        "agent (conversations that revise the same code), calibration, or " + " / ".join(s for s in prompt_sets.SETS if s.startswith("heldout")) + " "
         "(never tuned on: the planner's figures in README).",
     ),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),

@@ -1,8 +1,13 @@
 """Prompt sets for benchmarks, exactness tests and calibration (VocabTrim, acceptance priors).
 
 CALIBRATION prompts are used to build things (trimmed vocabularies, acceptance-by-rank priors);
-EVAL prompts are held out from those and used to measure them.
+EVAL prompts are held out from those and used to measure them; the held-out sets the planner's and
+streaming figures come from are in prompt/heldout.py.
 """
+
+from ondevice.prompt.heldout import (
+    HELDOUT2_CHAT, HELDOUT2_CODE, HELDOUT3_CHAT, HELDOUT3_CODE, HELDOUT4_CHAT, HELDOUT4_CODE, HELDOUT_CHAT, HELDOUT_CODE,
+)
 
 CODE_EVAL = [
     "Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation.",
@@ -88,54 +93,6 @@ function groupByCity(data) {
   return groups;
 }
 ```""",
-]
-
-# Held out from everything, the planner's tuning included: written for the planner's acceptance
-# measurements (README, "How it decides"), never iterated on. Code and chat, as users ask.
-HELDOUT_CODE = [
-    "Write a Python function that groups a list of words by their first letter and returns a dict of sorted lists.",
-    "Write a Go HTTP handler that returns the current server time as JSON.",
-    "Write a Python context manager that times the block it wraps and logs the elapsed milliseconds.",
-    "Implement a function in C that checks whether a binary tree is a valid binary search tree.",
-]
-
-HELDOUT_CHAT = [
-    "Why do databases use indexes, and what do they cost?",
-    "Explain what a race condition is with an everyday analogy.",
-    "What should I check before merging a pull request?",
-    "How is a linked list different from an array, and when does each win?",
-]
-
-# A second held-out pair of sets, written on 2026-11-26 after the planner's builder gains were tuned on
-# the first pair's streamed results: the measurement of that change (README, "Larger than memory").
-HELDOUT2_CODE = [
-    "Write a Python function that returns the n most common words in a text file, ignoring case and punctuation.",
-    "Write a Rust function that reverses the words of a sentence in place without allocating a new string.",
-]
-
-HELDOUT2_CHAT = [
-    "What is the difference between a process and a thread?",
-    "Give me three tips for writing clear commit messages, with an example of each.",
-]
-
-HELDOUT3_CODE = [  # written for the hybrid arm's audit (stop 31), measured once
-    "Write a Python class implementing an LRU cache with get and put in O(1), using a dict and a doubly linked list.",
-    "Write a Go function that merges two sorted slices of integers into one sorted slice.",
-]
-
-HELDOUT3_CHAT = [
-    "Explain how a hash table handles collisions, in plain words.",
-    "What should I check before buying a used bicycle?",
-]
-
-HELDOUT4_CODE = [  # written after the decode slack was measured (stop 31), measured once
-    "Write a Python function that parses a duration like '1h30m15s' into a number of seconds.",
-    "Write a C function that counts the set bits in a 32-bit unsigned integer, with a short test in main.",
-]
-
-HELDOUT4_CHAT = [
-    "How do vaccines train the immune system?",
-    "Suggest a simple weekly plan for learning to cook, for a complete beginner.",
 ]
 
 # More edits (held out from tuning, like everything below: no constant, prior or keep set was chosen on them).

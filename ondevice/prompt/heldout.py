@@ -1,0 +1,51 @@
+"""Held-out prompt sets: written for one measurement each and never iterated on (README's planner
+and streaming figures). Code and chat, as users ask. `ondevice bench --prompts heldout…` runs them;
+prompt/sets.py maps the names."""
+
+# Held out from everything, the planner's tuning included: written for the planner's acceptance
+# measurements (README, "How it decides"), never iterated on. Code and chat, as users ask.
+HELDOUT_CODE = [
+    "Write a Python function that groups a list of words by their first letter and returns a dict of sorted lists.",
+    "Write a Go HTTP handler that returns the current server time as JSON.",
+    "Write a Python context manager that times the block it wraps and logs the elapsed milliseconds.",
+    "Implement a function in C that checks whether a binary tree is a valid binary search tree.",
+]
+
+HELDOUT_CHAT = [
+    "Why do databases use indexes, and what do they cost?",
+    "Explain what a race condition is with an everyday analogy.",
+    "What should I check before merging a pull request?",
+    "How is a linked list different from an array, and when does each win?",
+]
+
+# A second held-out pair of sets, written on 2026-11-26 after the planner's builder gains were tuned on
+# the first pair's streamed results: the measurement of that change (README, "Larger than memory").
+HELDOUT2_CODE = [
+    "Write a Python function that returns the n most common words in a text file, ignoring case and punctuation.",
+    "Write a Rust function that reverses the words of a sentence in place without allocating a new string.",
+]
+
+HELDOUT2_CHAT = [
+    "What is the difference between a process and a thread?",
+    "Give me three tips for writing clear commit messages, with an example of each.",
+]
+
+HELDOUT3_CODE = [  # written for the hybrid arm's audit (stop 31), measured once
+    "Write a Python class implementing an LRU cache with get and put in O(1), using a dict and a doubly linked list.",
+    "Write a Go function that merges two sorted slices of integers into one sorted slice.",
+]
+
+HELDOUT3_CHAT = [
+    "Explain how a hash table handles collisions, in plain words.",
+    "What should I check before buying a used bicycle?",
+]
+
+HELDOUT4_CODE = [  # written after the decode slack was measured (stop 31), measured once
+    "Write a Python function that parses a duration like '1h30m15s' into a number of seconds.",
+    "Write a C function that counts the set bits in a 32-bit unsigned integer, with a short test in main.",
+]
+
+HELDOUT4_CHAT = [
+    "How do vaccines train the immune system?",
+    "Suggest a simple weekly plan for learning to cook, for a complete beginner.",
+]
