@@ -40,9 +40,12 @@ def answers(target: LlamaTarget) -> list[np.ndarray]:
     return out
 
 
-def streamed(path, **kw) -> LlamaTarget:
+KEPT_SETS = [(OUTPUT_LAYER, 0), (OUTPUT_LAYER, 2, 4)]  # kept first; spread through the pass (plan.memory.spread_layers)
+
+
+def streamed(path, kept=KEPT_SETS[0], **kw) -> LlamaTarget:
     return LlamaTarget(path, n_ctx=128, threads=1, max_tree_nodes=16, n_ubatch=64, streams=True, window=1,
-                       kept_layers=(OUTPUT_LAYER, 0), **kw)
+                       kept_layers=kept, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +56,9 @@ def reference(tiny):
     return out
 
 
-def test_the_same_logits_as_without_a_window(tiny, reference):
-    target = streamed(tiny)
+@pytest.mark.parametrize("kept", KEPT_SETS)
+def test_the_same_logits_as_without_a_window(tiny, reference, kept):
+    target = streamed(tiny, kept)
     assert isinstance(target.window, DirectWindow)
     for expected, got in zip(reference, answers(target)):
         assert np.array_equal(expected, got)
@@ -64,11 +68,12 @@ def test_the_same_logits_as_without_a_window(tiny, reference):
     target.close()
 
 
-def test_llama_cpp_waits_for_a_slow_disk(tiny, reference, monkeypatch):
+@pytest.mark.parametrize("kept", KEPT_SETS)
+def test_llama_cpp_waits_for_a_slow_disk(tiny, reference, monkeypatch, kept):
     """Reads that take long: llama.cpp must wait for each layer (stale slot contents would change the logits)."""
     read = DirectWindow._read_piece
     monkeypatch.setattr(DirectWindow, "_read_piece", lambda self, piece: (time.sleep(0.02), read(self, piece))[1])
-    target = streamed(tiny)
+    target = streamed(tiny, kept)
     for expected, got in zip(reference, answers(target)):
         assert np.array_equal(expected, got)
     assert target.stream_counters().page_wait_seconds > 0.02  # it did wait

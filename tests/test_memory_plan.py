@@ -12,7 +12,7 @@ import pytest
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.errors import OndeviceError
 from ondevice.machine import ram
-from ondevice.plan.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
+from ondevice.plan.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory, spread_layers
 from ondevice.machine.ram import RamBudget
 from tiny_models import tiny_config, write_tiny_gguf
 
@@ -137,17 +137,31 @@ def test_buffers_grow_with_the_tree_and_the_context():
     assert context_buffers(TARGET, 4097, 512, 16).kv == context_buffers(TARGET, 4096 + 256, 512, 16).kv  # cells come in 256s
 
 
-def test_a_steered_page_cache_keeps_the_head_then_the_first_layers_that_fit():
+def test_a_steered_page_cache_keeps_the_head_then_layers_spread_through_the_pass():
     budget = RamBudget(1800 * MiB, "test")
     plain = plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=60 * MiB)
     steered = plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=60 * MiB, ahead=2)
     kept = steered.kept_layers(2)
     layers = kept[1:]
-    assert kept[0] == OUTPUT_LAYER and layers == tuple(range(len(layers))) and len(layers) > 0
+    assert kept[0] == OUTPUT_LAYER and 0 < len(layers) < 28
     room = steered.cache_room - steered.decode_slack - 3 * max(TARGET.layer_bytes) - TARGET.head_bytes  # two in flight, one computing
-    assert sum(TARGET.layer_bytes[i] for i in layers) <= room < sum(TARGET.layer_bytes[: len(layers) + 1])
+    assert sum(TARGET.layer_bytes[i] for i in layers) <= room
     assert steered.bytes_read_per_pass == plain.bytes_read_per_pass - sum(TARGET.layer_bytes[i] for i in layers) - TARGET.head_bytes
-    assert f"its LM head and first {len(layers)} of 28 layers kept" in steered.describe()
+    assert f"its LM head and {len(layers)} of 28 layers kept" in steered.describe()
+    gaps = [b - a for a, b in zip(layers, layers[1:])]  # streamed layers between kept ones: as even as can be
+    assert max(gaps) - min(gaps) <= 1 and layers[-1] - layers[0] >= 28 - 28 // len(layers) - 1
+
+
+@pytest.mark.parametrize("sizes", [[10] * 28, [12, 10, 10, 12] * 7, [10] * 5 + [30] + [10] * 6])
+def test_spread_layers_keeps_as_many_as_fit_evenly(sizes):
+    for room in range(0, sum(sizes) + 1, 7):
+        kept = spread_layers(sizes, room)
+        assert sum(sizes[i] for i in kept) <= room and list(kept) == sorted(set(kept))
+        more = [(2 * j + 1) * len(sizes) // (2 * (len(kept) + 1)) for j in range(len(kept) + 1)]
+        assert len(kept) == len(sizes) or sum(sizes[i] for i in more) > room  # one more, spread, would not fit
+        if len(kept) >= 2:
+            gaps = [b - a for a, b in zip(kept, kept[1:])]
+            assert max(gaps) - min(gaps) <= 1
 
 
 def test_a_head_that_does_not_fit_streams_with_room_for_all_of_it():

@@ -136,7 +136,7 @@ def summary_lines(m: SyntheticMeasurement, model: SyntheticModel) -> list[str]:
         head = "LM head and " if m.memory["head_kept"] else ""
         read = m.read_bytes_per_pass
         measured = f"measured {format_bytes(read)} (median over pass sizes)" if read is not None else "not measured (no /proc/self/io)"
-        lines.append(f"kept in RAM: {head}first {m.memory['kept_layers']} of {model.shape.n_layers} layers; read per pass: {measured}, "
+        lines.append(f"kept in RAM: {head}{m.memory['kept_layers']} of {model.shape.n_layers} layers; read per pass: {measured}, "
                      f"planned {format_bytes(m.memory['predicted_bytes_read_per_pass'])}")  # fmt: skip
     if m.note:
         lines.append(f"[dim]{m.note}[/]")

@@ -1,7 +1,7 @@
 """The memory plan: where the target lives, decided at load from sizes alone.
 
     plan = plan_memory(ModelSize.from_gguf(target), ModelSize.from_gguf(trimmed_drafter), n_ctx=256, ahead=2)
-    plan.describe()   # 'target streams from disk (560 MB read per pass), its LM head and first 8 of 28
+    plan.describe()   # 'target streams from disk (560 MB read per pass), its LM head and 8 of 28
                       #  layers kept in RAM: 1.1 GB target, RAM 1.2 GB (cgroup limit 1.2 GB) holds drafter
                       #  300 MB, buffers 114 MB (context 256 tokens, trees up to 64 nodes), process 105 MB'
 
@@ -18,9 +18,9 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
                            separate input embedding table, read a row per token): after the first
                            pass its pages stay in the page cache (mapped; llama.cpp may repack them);
     else it streams         the file stays mapped and unrepacked; with the page cache steered layer
-                           by layer (target/page_cache.py, `ahead` layers in flight) its first layers
-                           that fit in the room left, less what decoding may add (`decode_slack`), stay
-                           cached (`kept_layers`), and every pass reads
+                           by layer (target/page_cache.py, `ahead` layers in flight) as many layers
+                           as fit in the room left, less what decoding may add (`decode_slack`), spread
+                           evenly through the pass, stay cached (`kept_layers`), and every pass reads
                            the others and the LM head from disk (`bytes_read_per_pass`).
 
 When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import psutil
 
@@ -245,7 +246,8 @@ class MemoryPlan:
         """What a streaming target keeps cached between passes when the page cache is steered
         (target/page_cache.py) with `ahead` layers in flight, in what the room left holds after the
         window: the LM head first (OUTPUT_LAYER; streamed, all of it would be in flight at once at the
-        end of every pass), then the first decoder layers. Empty when the target is in RAM."""
+        end of every pass), then decoder layers spread evenly through the pass (`spread_layers`).
+        Empty when the target is in RAM."""
         sizes = self.target.layer_bytes
         if self.target_in_ram or not sizes:
             return ()
@@ -254,11 +256,7 @@ class MemoryPlan:
         head = self.target.head_bytes
         keep_head = 0 < head <= room
         room -= head if keep_head else max(0, head + max(sizes) - window)  # a streamed head needs room for all of it
-        kept = 0
-        while kept < len(sizes) and room >= sizes[kept]:
-            room -= sizes[kept]
-            kept += 1
-        return ((OUTPUT_LAYER,) if keep_head else ()) + tuple(range(kept))
+        return ((OUTPUT_LAYER,) if keep_head else ()) + spread_layers(sizes, room)
 
     @property
     def bytes_read_per_pass(self) -> int:
@@ -282,7 +280,7 @@ class MemoryPlan:
         kept = self.kept_layers(self.ahead) if self.ahead else ()
         layers = len([k for k in kept if k != OUTPUT_LAYER])
         if kept:
-            first = f"first {layers} of {self.target.n_layers} layers" if layers else ""
+            first = f"{layers} of {self.target.n_layers} layers" if layers else ""
             head = "LM head" + (" and " if first else "") if OUTPUT_LAYER in kept else ""
             where += f", its {head}{first} kept in RAM"
         text = (
@@ -357,3 +355,18 @@ def plan_memory(
         f"over budget: streaming needs about {format_bytes(need)}; expect heavy paging "
         "(free memory, use a shorter --ctx, or --no-draft)"
     ] + note)
+
+
+def spread_layers(sizes: Sequence[int], room: int) -> tuple[int, ...]:
+    """The most decoder layers whose bytes fit in `room`, spread evenly through the pass (the middle
+    layer of each of k equal stretches). While llama.cpp computes a kept layer the reader goes on
+    reading the streamed ones ahead; kept first, they were computed while the reader, its slots
+    full, had nothing to do. A/B in a 1.2 GB cgroup, default pair, best-first @4, same run, the
+    same 8 of 28 layers kept first or spread (560 MB read per pass): chat 5.93 → 6.88 tok/s, code 7.51 → 8.36; the
+    target alone 3.31 / 3.18 → 3.41 / 3.02 (the disk bounds it either way)."""
+    n = len(sizes)
+    for k in range(n, 0, -1):
+        picked = tuple((2 * j + 1) * n // (2 * k) for j in range(k))
+        if sum(sizes[i] for i in picked) <= room:
+            return picked
+    return ()

@@ -49,3 +49,13 @@ HELDOUT4_CHAT = [
     "How do vaccines train the immune system?",
     "Suggest a simple weekly plan for learning to cook, for a complete beginner.",
 ]
+
+HELDOUT5_CODE = [  # written before the spread kept layers were measured (stop 32), measured once
+    "Write a JavaScript function that debounces another function, with a short usage example.",
+    "Write a Python function that checks whether a string of brackets ()[]{} is balanced.",
+]
+
+HELDOUT5_CHAT = [
+    "Why does bread go stale, and how can I keep it fresh longer?",
+    "Explain the difference between weather and climate to a ten-year-old.",
+]

@@ -6,7 +6,7 @@ streaming figures come from are in prompt/heldout.py.
 """
 
 from ondevice.prompt.heldout import (
-    HELDOUT2_CHAT, HELDOUT2_CODE, HELDOUT3_CHAT, HELDOUT3_CODE, HELDOUT4_CHAT, HELDOUT4_CODE, HELDOUT_CHAT, HELDOUT_CODE,
+    HELDOUT2_CHAT, HELDOUT2_CODE, HELDOUT3_CHAT, HELDOUT3_CODE, HELDOUT4_CHAT, HELDOUT4_CODE, HELDOUT5_CHAT, HELDOUT5_CODE, HELDOUT_CHAT, HELDOUT_CODE,
 )
 
 CODE_EVAL = [
@@ -363,7 +363,8 @@ SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "
         "calibration": CALIBRATION, "heldout": HELDOUT, "heldout-code": HELDOUT_CODE, "heldout-chat": HELDOUT_CHAT,
         "heldout2-code": HELDOUT2_CODE, "heldout2-chat": HELDOUT2_CHAT,
         "heldout3-code": HELDOUT3_CODE, "heldout3-chat": HELDOUT3_CHAT,
-        "heldout4-code": HELDOUT4_CODE, "heldout4-chat": HELDOUT4_CHAT}
+        "heldout4-code": HELDOUT4_CODE, "heldout4-chat": HELDOUT4_CHAT,
+        "heldout5-code": HELDOUT5_CODE, "heldout5-chat": HELDOUT5_CHAT}
 
 
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
