@@ -59,3 +59,13 @@ HELDOUT5_CHAT = [
     "Why does bread go stale, and how can I keep it fresh longer?",
     "Explain the difference between weather and climate to a ten-year-old.",
 ]
+
+HELDOUT6_CODE = [  # written after heldout5's run, for a second look at the same code (stop 32), measured once
+    "Write a Python function that flattens an arbitrarily nested list of integers without recursion.",
+    "Write a TypeScript function that groups an array of objects by a key and returns a Map.",
+]
+
+HELDOUT6_CHAT = [
+    "What are the pros and cons of working from home?",
+    "How does a refrigerator keep food cold?",
+]
