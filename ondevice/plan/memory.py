@@ -362,9 +362,9 @@ def spread_layers(sizes: Sequence[int], room: int) -> tuple[int, ...]:
     stretches), k the largest whose layers fit in `room`. While llama.cpp computes a kept layer the
     reader goes on reading the streamed ones ahead; kept first, they were computed while the
     reader, its slots full, had nothing to do. Side by side in a 1.2 GB cgroup (default pair, 8 of
-    28 layers kept first or spread, 560 MB read per pass, two runs in opposite order): best-first
-    +8% on average at @4 and @8 (−1% to +16%), the target alone unchanged (the disk bounds it);
-    README, "Larger than memory", item 2."""
+    28 layers kept first or spread, 560 MB read per pass, three runs): best-first +4% on average at
+    @4 and @8 (−10% to +16%), the disk wait shorter in every run, the target alone unchanged (the
+    disk bounds it); README, "Larger than memory", item 2."""
     n = len(sizes)
     for k in range(n, 0, -1):
         picked = tuple((2 * j + 1) * n // (2 * k) for j in range(k))
