@@ -12,7 +12,8 @@ import pytest
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.errors import OndeviceError
 from ondevice.machine import ram
-from ondevice.plan.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory, spread_layers
+from ondevice.plan.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
+from ondevice.spread import spread, spread_layers
 from ondevice.machine.ram import RamBudget
 from tiny_models import tiny_config, write_tiny_gguf
 
@@ -145,7 +146,7 @@ def test_a_steered_page_cache_keeps_the_head_then_layers_spread_through_the_pass
     layers = kept[1:]
     assert kept[0] == OUTPUT_LAYER and 0 < len(layers) < 28
     room = steered.cache_room - steered.decode_slack - 3 * max(TARGET.layer_bytes) - TARGET.head_bytes  # two in flight, one computing
-    assert sum(TARGET.layer_bytes[i] for i in layers) <= room
+    assert sum(TARGET.layer_bytes[i] for i in layers) <= room < sum(TARGET.layer_bytes[i] for i in spread(range(28), len(layers) + 1))
     assert steered.bytes_read_per_pass == plain.bytes_read_per_pass - sum(TARGET.layer_bytes[i] for i in layers) - TARGET.head_bytes
     assert f"its LM head and {len(layers)} of 28 layers kept" in steered.describe()
     gaps = [b - a for a, b in zip(layers, layers[1:])]  # streamed layers between kept ones: as even as can be
@@ -157,7 +158,7 @@ def test_spread_layers_keeps_as_many_as_fit_evenly(sizes):
     for room in range(0, sum(sizes) + 1, 7):
         kept = spread_layers(sizes, room)
         assert sum(sizes[i] for i in kept) <= room and list(kept) == sorted(set(kept))
-        more = [(2 * j + 1) * len(sizes) // (2 * (len(kept) + 1)) for j in range(len(kept) + 1)]
+        more = spread(range(len(sizes)), len(kept) + 1)
         assert len(kept) == len(sizes) or sum(sizes[i] for i in more) > room  # one more, spread, would not fit
         if len(kept) >= 2:
             gaps = [b - a for a, b in zip(kept, kept[1:])]

@@ -23,6 +23,7 @@ import psutil
 import torch
 
 from ondevice.errors import OndeviceError
+from ondevice.spread import spread, spread_layers
 from ondevice.sizes import format_bytes, parse_size
 
 DEVICE_MARGIN = 512 * 2**20  # left free on the GPU for the CUDA context, allocator slack
@@ -81,12 +82,6 @@ def default_ram_budget() -> int:
     return max(0, psutil.virtual_memory().available - RAM_MARGIN)
 
 
-def spread(items: Sequence[int], count: int) -> list[int]:
-    """`count` of `items`, evenly spaced (count = 2 of 0..7 → [2, 6])."""
-    n = len(items)
-    return [items[(2 * j + 1) * n // (2 * count)] for j in range(count)] if count else []
-
-
 def plan_placement(
     layer_bytes: Sequence[int],
     resident_bytes: int,
@@ -128,23 +123,13 @@ def plan_placement(
             f"needs on the {kind} even with every layer streamed; free {kind} memory, raise the budget, "
             "or use a shorter context."
         )
-    on_device = _fit_on_device(layer_bytes, budget - floor)
+    on_device = spread_layers(layer_bytes, budget - floor)  # the most layers, evenly spread, whose decoded bytes fit
     streamed = [i for i in range(n) if i not in on_device]
     from_ram, from_disk, ram_used = _split_ram_disk(streamed, transfer, ram, disk_buffers)
     device_used = floor + sum(layer_bytes[i] for i in on_device)
     return Placement(
         tuple(on_device), tuple(from_ram), tuple(from_disk), transfer, device_used, ram_used, ring_slots, kind
     )
-
-
-def _fit_on_device(layer_bytes: Sequence[int], room: int) -> list[int]:
-    """The most layers, evenly spread, whose decoded bytes fit in `room`."""
-    everything = list(range(len(layer_bytes)))
-    for count in range(len(layer_bytes), -1, -1):
-        chosen = spread(everything, count)
-        if sum(layer_bytes[i] for i in chosen) <= room:
-            return chosen
-    return []
 
 
 def _split_ram_disk(

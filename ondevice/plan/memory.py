@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import psutil
 
@@ -47,6 +46,7 @@ from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.machine.ram import RamBudget, anon_rss, ram_budget
 from ondevice.sizes import format_bytes
+from ondevice.spread import spread_layers
 
 F32, F16 = 4, 2
 CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
@@ -280,9 +280,9 @@ class MemoryPlan:
         kept = self.kept_layers(self.ahead) if self.ahead else ()
         layers = len([k for k in kept if k != OUTPUT_LAYER])
         if kept:
-            first = f"{layers} of {self.target.n_layers} layers" if layers else ""
-            head = "LM head" + (" and " if first else "") if OUTPUT_LAYER in kept else ""
-            where += f", its {head}{first} kept in RAM"
+            counted = f"{layers} of {self.target.n_layers} layers" if layers else ""
+            head = "LM head" + (" and " if counted else "") if OUTPUT_LAYER in kept else ""
+            where += f", its {head}{counted} kept in RAM"
         text = (
             f"{where}: {format_bytes(self.target.file_bytes)} target, RAM {self.budget.describe()} holds "
             f"drafter {format_bytes(self.drafter_bytes)}, buffers {format_bytes(sum(self.buffers.values()))} "
@@ -356,18 +356,3 @@ def plan_memory(
         "(free memory, use a shorter --ctx, or --no-draft)"
     ] + note)
 
-
-def spread_layers(sizes: Sequence[int], room: int) -> tuple[int, ...]:
-    """k decoder layers spread evenly through the pass (the middle layer of each of k equal
-    stretches), k the largest whose layers fit in `room`. While llama.cpp computes a kept layer the
-    reader goes on reading the streamed ones ahead; kept first, they were computed while the
-    reader, its slots full, had nothing to do. Side by side in a 1.2 GB cgroup (default pair, 8 of
-    28 layers kept first or spread, 560 MB read per pass, three runs): best-first +4% on average at
-    @4 and @8 (−10% to +16%), the disk wait shorter in every run, the target alone unchanged (the
-    disk bounds it); README, "Larger than memory", item 2."""
-    n = len(sizes)
-    for k in range(n, 0, -1):
-        picked = tuple((2 * j + 1) * n // (2 * k) for j in range(k))
-        if sum(sizes[i] for i in picked) <= room:
-            return picked
-    return ()
