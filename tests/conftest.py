@@ -14,13 +14,18 @@ import pytest
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["ORT_DISABLE_TELEMETRY"] = "1"
 
-from ondevice.catalog.pairs import load_pair  # noqa: E402
-from ondevice.catalog.hub import PairFiles, ensure_pair  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def real_pair() -> PairFiles:
-    """Verified paths of the default pair in the default cache (mark tests using it `real`)."""
+def real_pair():
+    """Verified paths of the default pair in the default cache (mark tests using it `real`).
+
+    Imported here, not at the top: the GPU machine has no llama.cpp, and its CUDA tests
+    (`ondevice.eval.gpu_check`) must still collect.
+    """
+    from ondevice.catalog.hub import ensure_pair
+    from ondevice.catalog.pairs import load_pair
+
     return ensure_pair(load_pair(None))
 
 
