@@ -75,6 +75,62 @@ def test_random_bit_patterns_bit_exact(qtype):
     assert_bit_exact(ours, gguf_dequantize(blocks, qtype))
 
 
+def _triton_case(qtype: QT, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """37 random blocks (not a multiple of a program's 8: the masked tail) → (ours, gguf's numpy cast to dtype)."""
+    blocks = random_k_blocks(qtype, 37, np.random.default_rng(int(qtype)))
+    reference = torch.from_numpy(np.ascontiguousarray(gguf_dequantize(blocks, qtype), dtype=np.float32)).reshape(37, 256)
+    return gguf_blocks.dequantize(bytes_of(blocks).to(device), qtype, (37, 256), dtype).cpu(), reference.to(dtype)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    as_int = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
+    return a.dtype == b.dtype and torch.equal(a.view(as_int), b.view(as_int))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K])
+def test_gpu_dequantizer_bit_exact(qtype, dtype):
+    """On a GPU, Q4_K/Q6_K go through gguf_triton's kernels (where Triton is installed): the same
+    bits as gguf's numpy dequantizer rounded to the model's dtype, and as the torch path."""
+    from ondevice.quant import gguf_triton
+
+    ours, reference = _triton_case(qtype, "cuda", dtype)
+    assert _same_bits(ours, reference)
+    if gguf_triton.triton is not None:
+        assert gguf_triton.describe(torch.device("cuda")) == "triton"  # no failure turned the kernels off
+
+
+INTERPRETED = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from gguf import GGMLQuantizationType as QT
+from ondevice.quant import gguf_triton
+from test_quant import _same_bits, _triton_case, random_k_blocks
+gguf_triton.handles = lambda qtype, device: True  # the interpreter runs the kernels on the CPU
+for qtype in (QT.Q4_K, QT.Q6_K):
+    for dtype in (torch.float32, torch.float16):  # the interpreter rounds to bfloat16 by truncation, a GPU to nearest
+        ours, reference = _triton_case(qtype, "cpu", dtype)
+        assert _same_bits(ours, reference), (qtype, dtype)
+print("ok")
+"""
+
+
+def test_triton_kernels_in_the_interpreter(tmp_path):
+    """The kernels' index arithmetic on a CPU, in Triton's interpreter (TRITON_INTERPRET=1), where Triton is installed."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = INTERPRETED.format(tests=str(Path(__file__).parent))
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def test_dequantize_rejects_wrong_sizes():
     with pytest.raises(ValueError):
         gguf_blocks.dequantize(torch.zeros(143, dtype=torch.uint8), QT.Q4_K, (256,))

@@ -138,6 +138,8 @@ def placement_record(target) -> dict:
     """Where the layers went, and what the pinned-memory allocator really holds beside what was planned."""
     import torch  # lazy: torch only in the model steps (module docstring)
 
+    from ondevice.quant import gguf_triton  # lazy: as torch
+
     placement = target.placement
     stats = torch.cuda.host_memory_stats() if target.device.type == "cuda" and hasattr(torch.cuda, "host_memory_stats") else {}
     return {
@@ -147,6 +149,7 @@ def placement_record(target) -> dict:
         "host_allocator_bytes": {k: v for k, v in stats.items() if "bytes" in k and k.endswith(".current")},
         "rss_bytes": psutil.Process().memory_info().rss,
         "device_allocated_bytes": torch.cuda.memory_allocated() if target.device.type == "cuda" else None,
+        "dequantizer": gguf_triton.describe(target.device),
     }  # fmt: skip
 
 

@@ -176,8 +176,8 @@ def unpack(buffer: torch.Tensor, layout: LayerLayout) -> dict[str, torch.Tensor]
         if t.encoding == "raw":
             out[t.name] = raw.view(t.dtype).reshape(t.shape)
         elif t.encoding == "gguf":
-            w = gguf_blocks.dequantize(raw, t.qtype, t.shape)
-            out[t.name] = (_unpermute_rows(w, t.unpermute_heads) if t.unpermute_heads else w).to(t.dtype)
+            w = gguf_blocks.dequantize(raw, t.qtype, t.shape, t.dtype)  # rounded once: a row permutation commutes with it
+            out[t.name] = _unpermute_rows(w, t.unpermute_heads) if t.unpermute_heads else w
         else:
             out[t.name] = groupwise.dequantize(raw, t.spec, t.shape).to(t.dtype)
     return out

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
+from ondevice.quant import gguf_triton
+
 QK_K = 256
 
 
@@ -30,14 +32,18 @@ def _f16(raw: torch.Tensor) -> torch.Tensor:
 def _nibbles(qs: torch.Tensor, width: int) -> torch.Tensor:
     """(n, g·width) uint8 → (n, g, 2, width): low nibbles of each run of `width` bytes, then high ones."""
     qs = qs.reshape(qs.shape[0], -1, 1, width)
-    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=qs.device).reshape(1, 1, 2, 1)
-    return (qs >> shifts) & 0x0F
+    return (qs >> _shifts(0, 8, 4, qs.device).reshape(1, 1, 2, 1)) & 0x0F
+
+
+def _shifts(start: int, stop: int, step: int, device: torch.device) -> torch.Tensor:
+    """uint8 shift amounts made on the device (torch.tensor([...], device=cuda) would copy from
+    pageable memory and make the CPU wait for the GPU: one stall per tensor of a streamed layer)."""
+    return torch.arange(start, stop, step, dtype=torch.uint8, device=device)
 
 
 def _bits(raw: torch.Tensor) -> torch.Tensor:
     """(n, b) uint8 → (n, 8·b) uint8 of 0/1, bit j of byte i at 8·i + j (a little-endian bitfield)."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=raw.device).reshape(1, 1, 8)
-    return ((raw.unsqueeze(-1) >> shifts) & 1).reshape(raw.shape[0], -1)
+    return ((raw.unsqueeze(-1) >> _shifts(0, 8, 1, raw.device).reshape(1, 1, 8)) & 1).reshape(raw.shape[0], -1)
 
 
 # --- integer parts: the codes and their scales, before any float arithmetic -------------------------
@@ -74,8 +80,7 @@ def q5_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     n = blocks.shape[0]
     scale, offset = _k_affine(blocks)
     qh = blocks[:, 16:48].reshape(n, 1, 32)
-    shifts = torch.arange(8, dtype=torch.uint8, device=blocks.device).reshape(1, 8, 1)
-    qh = (qh >> shifts) & 1  # (n, 8, 32): bit j of byte i is the 5th bit of weight 32·j + i
+    qh = (qh >> _shifts(0, 8, 1, blocks.device).reshape(1, 8, 1)) & 1  # (n, 8, 32): bit j of byte i is the 5th bit of weight 32·j + i
     ql = _nibbles(blocks[:, 48:], 32).reshape(n, -1, 32)
     return ql | (qh << 4), scale, offset
 
@@ -87,8 +92,7 @@ def q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.float32)  # (n, 16)
     d = (_f16(blocks[:, 208:210]) * scales).reshape(n, 16, 1)
     low = _nibbles(ql, 64).reshape(n, -1, 32)  # (n, 8, 32)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=blocks.device).reshape(1, 1, 4, 1)
-    high = ((qh.reshape(n, -1, 1, 32) >> shifts) & 0x03).reshape(n, -1, 32)  # (n, 8, 32)
+    high = ((qh.reshape(n, -1, 1, 32) >> _shifts(0, 8, 2, blocks.device).reshape(1, 1, 4, 1)) & 0x03).reshape(n, -1, 32)  # (n, 8, 32)
     return ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, -1), d
 
 
@@ -167,11 +171,12 @@ def byte_size(qtype: QT, shape: tuple[int, ...]) -> int:
     return n // block * type_size
 
 
-def dequantize(raw: torch.Tensor, qtype: QT | int, shape: tuple[int, ...]) -> torch.Tensor:
-    """Raw GGUF tensor bytes (1-D uint8, on any device) → float32 tensor of `shape` (numpy order,
-    i.e. GGUF's dims reversed), bit-identical to `gguf.quants.dequantize`.
+def dequantize(raw: torch.Tensor, qtype: QT | int, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Raw GGUF tensor bytes (1-D uint8, on any device) → tensor of `shape` (numpy order, i.e.
+    GGUF's dims reversed): float32 bit-identical to `gguf.quants.dequantize`, then cast to `dtype`.
 
-    F32 comes back as a view of `raw` (no copy); everything else is freshly allocated.
+    F32 as float32 comes back as a view of `raw` (no copy); everything else is freshly allocated.
+    Q4_K and Q6_K on a CUDA GPU go through one Triton kernel each (gguf_triton), same bits.
     """
     qtype = QT(qtype)
     if raw.dtype != torch.uint8 or raw.dim() != 1:
@@ -181,11 +186,16 @@ def dequantize(raw: torch.Tensor, qtype: QT | int, shape: tuple[int, ...]) -> to
     if raw.storage_offset() % 4:  # float views of the bytes need aligned storage
         raw = raw.clone()
     if qtype in FLOAT_TYPES:
-        return raw.view(FLOAT_TYPES[qtype]).reshape(shape).to(torch.float32)
+        return raw.view(FLOAT_TYPES[qtype]).reshape(shape).to(torch.float32).to(dtype)
     if qtype not in _BLOCK_DEQUANT:
         raise NotImplementedError(
             f"GGUF type {qtype.name} has no torch dequantizer (have: {sorted(t.name for t in SUPPORTED)})"
         )
     _, type_size = GGML_QUANT_SIZES[qtype]
     blocks = raw.reshape(-1, type_size)  # (n_blocks, type_size)
-    return _BLOCK_DEQUANT[qtype](blocks).reshape(shape)
+    if gguf_triton.handles(qtype, raw.device):
+        try:
+            return gguf_triton.dequantize(blocks, qtype, dtype).reshape(shape)
+        except Exception as error:  # noqa: BLE001 — any compile or launch failure: the torch path below
+            gguf_triton.turn_off(error)
+    return _BLOCK_DEQUANT[qtype](blocks).reshape(shape).to(dtype)
