@@ -20,7 +20,7 @@ from ondevice.draft.hybrid import build_hybrid
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.protocols import DraftSpec
 from ondevice.tree import DraftTree
-from test_llama_drafter import MarkovLM, exact_top_nodes, token_paths
+from test_builders import MarkovLM, exact_top_nodes, token_paths
 from tiny_models import write_tiny_gguf
 
 

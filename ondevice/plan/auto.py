@@ -35,7 +35,7 @@ from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
 from ondevice.plan.cost_model import Plan, predict
-from ondevice.plan.curve import Curves, LatencyCurve, pass_sizes
+from ondevice.plan.curve import Curves, LatencyCurve, provisional_curve, upto
 from ondevice.plan.fallback import LookupTracker, lookup_plan, replay
 from ondevice.plan.model_arms import BuilderGains, model_plans
 from ondevice.plan.profile import Profile, get_profile, new_profile, profile_steps, save_profile, saved_profile
@@ -53,19 +53,6 @@ REPRICE_ROUNDS = 256  # the drafter's trees are re-priced this often (~30 ms eac
 FREE_ARMS = ("lookup", "suffix", "recycle")  # drafters that cost no model time (draft/router.py)
 REPLAYED = ("lookup", "suffix")  # ... whose records learn from every answer (replay), whatever decoded it
 FRESH_PASSES = 16  # pass times this recent bound what the target alone could do (_target_floor)
-
-
-def upto(curve: LatencyCurve, max_tree: int) -> LatencyCurve:
-    """The curve's points up to max_tree nodes (the biggest tree the buffers are sized for)."""
-    keep = [i for i, n in enumerate(curve.ns) if n <= max_tree] or [0]
-    return LatencyCurve(tuple(curve.ns[i] for i in keep), tuple(curve.seconds[i] for i in keep))
-
-
-def provisional_curve(max_tree: int) -> LatencyCurve:
-    """No profile: a pass of n tokens costs n single passes (a CPU in RAM), in units of one pass;
-    PassTimes scales it by the passes it sees."""
-    ns = pass_sizes(max(2, min(max_tree, 64)))
-    return LatencyCurve(ns, tuple(float(n) for n in ns))
 
 
 def regime_of(backends) -> str:

@@ -70,3 +70,16 @@ def pass_sizes(limit: int) -> tuple[int, ...]:
     memory", the AVX2 VM); a tree of 2^k nodes and one of 2^k + 1 can differ by half, and a curve
     that only saw 2^k would call the second cheap."""
     return tuple(sorted({n for p in powers_of_two(limit) for n in (p, p + 1) if n <= limit}))
+
+
+def upto(curve: LatencyCurve, max_tree: int) -> LatencyCurve:
+    """The curve's points up to max_tree nodes (the biggest tree the buffers are sized for)."""
+    keep = [i for i, n in enumerate(curve.ns) if n <= max_tree] or [0]
+    return LatencyCurve(tuple(curve.ns[i] for i in keep), tuple(curve.seconds[i] for i in keep))
+
+
+def provisional_curve(max_tree: int) -> LatencyCurve:
+    """No profile: a pass of n tokens costs n single passes (a CPU in RAM), in units of one pass;
+    PassTimes scales it by the passes it sees."""
+    ns = pass_sizes(max(2, min(max_tree, 64)))
+    return LatencyCurve(ns, tuple(float(n) for n in ns))

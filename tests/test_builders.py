@@ -1,0 +1,158 @@
+"""Draft builders (draft/builders.py) against exact references on a synthetic LM whose next-token
+logits depend on the last token only: best-first finds exactly the most likely nodes, chain follows
+the argmax, multi-seq applies DuoDecoding's threshold, sampled trees record q."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+from scipy.special import log_softmax
+
+from ondevice.draft.builders import Round, build_best_first, build_chain, build_multi_seq
+from ondevice.draft.model_drafter import check_spec
+from ondevice.errors import OndeviceError
+from ondevice.protocols import DraftSpec
+from ondevice.tree import DraftTree
+
+# --- a synthetic LM: next-token logits depend on the last token only ---------------------------
+
+
+class MarkovLM:
+    """An `Expander` over a (vocab, vocab) logits table; records the batch size of every call."""
+
+    def __init__(self, vocab: int = 24, scale: float = 2.5, seed: int = 0):
+        self.table = (np.random.default_rng(seed).standard_normal((vocab, vocab)) * scale).astype(np.float32)
+        self.batches: list[int] = []
+
+    def expand(self, tree, nodes):
+        self.batches.append(len(nodes))
+        return self.table[[tree.tokens[n] for n in nodes]]
+
+    def free_capacity(self) -> int:
+        return 10**6
+
+    def release(self, tree, alive) -> None:
+        pass
+
+    def logp(self, token: int) -> np.ndarray:
+        return log_softmax(self.table[token].astype(np.float64))
+
+
+def draft(lm: MarkovLM, root: int, builder: str, spread: float = 1.0, **spec) -> DraftTree:
+    r = Round(DraftSpec(builder=builder, **spec), root, lm)
+    root_logp = r.distributions([0], lm.table[[root]])[0]
+    if builder == "chain":
+        return build_chain(r, root_logp)
+    if builder == "multi-seq":
+        return build_multi_seq(r, root_logp)
+    return build_best_first(r, root_logp, max_batch=8, spread=spread)
+
+
+def token_paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    return {tuple(int(tree.tokens[n]) for n in tree.path_to(i)[1:]) for i in range(1, len(tree))}
+
+
+def exact_top_nodes(lm: MarkovLM, root: int, budget: int, max_depth: int | None = None) -> set[tuple[int, ...]]:
+    """The `budget` most likely nodes of the full tree (no deeper than max_depth): pop the best node,
+    push all its children (fewer than `budget` if the depth-capped tree is smaller)."""
+    heap, out, count = [(0.0, 0, ())], [], 1
+    while len(out) < budget + 1 and heap:
+        neg_lp, _, path = heapq.heappop(heap)
+        out.append(path)
+        if max_depth is not None and len(path) == max_depth:
+            continue
+        logp = lm.logp(path[-1] if path else root)
+        for token, step in enumerate(logp):
+            heapq.heappush(heap, (neg_lp - step, count, path + (token,)))
+            count += 1
+    return set(out[1:])
+
+
+@pytest.mark.parametrize("budget", [1, 7, 40, 120])
+@pytest.mark.parametrize("spread", [0.0, 1.0, np.inf])
+def test_best_first_finds_exactly_the_most_likely_nodes(budget, spread):
+    lm = MarkovLM()
+    tree = draft(lm, 3, "best-first", spread=spread, budget=budget)
+    assert len(tree) == budget + 1
+    assert token_paths(tree) == exact_top_nodes(lm, 3, budget)
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 4])
+def test_best_first_honours_the_planned_depth(max_depth):
+    """The planner prices trees of at most `depth` levels; the search it runs must stay within them
+    and still find exactly the most likely nodes there."""
+    lm = MarkovLM(scale=6.0)  # peaked: an unbounded search of 40 nodes goes 11 levels deep
+    assert max(len(p) for p in exact_top_nodes(lm, 3, 40)) > 4
+    tree = draft(lm, 3, "best-first", budget=40, max_depth=max_depth)
+    assert tree.depths.max() <= max_depth
+    assert token_paths(tree) == exact_top_nodes(lm, 3, 40, max_depth)
+
+
+def test_best_first_expands_many_leaves_per_decode():
+    lm = MarkovLM(scale=1.0)
+    draft(lm, 5, "best-first", budget=64)
+    assert max(lm.batches) == 8  # max_batch
+    assert len(lm.batches) < 64 / 4 and sum(lm.batches) < 1.1 * 64  # few calls, little waste
+
+
+def test_chain_follows_the_argmax():
+    lm = MarkovLM()
+    tree = draft(lm, 2, "chain", budget=6)
+    token = 2
+    for node in range(1, 7):
+        token = int(np.argmax(lm.table[token]))
+        assert tree.tokens[node] == token and tree.parents[node] == node - 1
+
+
+def test_multi_seq_uses_the_duodecoding_threshold():
+    seen_counts = set()
+    for root in range(24):
+        lm = MarkovLM(scale=1.0, seed=1)
+        tree = draft(lm, root, "multi-seq", budget=12)
+        root_p = np.exp(lm.logp(root))
+        top1 = int(np.argmax(root_p))
+        theta = root_p.max() * np.exp(lm.logp(top1)).max()
+        n_seqs = int(np.clip((root_p > theta).sum(), 1, 8))
+        heads = tree.children(0)
+        assert sorted(int(tree.tokens[h]) for h in heads) == sorted(np.argsort(-root_p)[:n_seqs].tolist())
+        for head in heads:  # each sequence is a greedy chain of budget // n_seqs tokens
+            node, length = head, 1
+            while tree.children(node):
+                (child,) = tree.children(node)
+                assert tree.tokens[child] == np.argmax(lm.table[tree.tokens[node]])
+                node, length = child, length + 1
+            assert length == 12 // n_seqs
+        seen_counts.add(n_seqs)
+    assert len(seen_counts) > 1  # the threshold really varies the number of sequences
+
+
+def test_sampling_records_q_and_draws_distinct_children_reproducibly():
+    lm = MarkovLM(scale=1.0)
+    spec = dict(budget=30, temperature=0.7, sample_children=True, seed=11)
+    tree = draft(lm, 4, "best-first", **spec)
+    again = draft(MarkovLM(scale=1.0), 4, "best-first", **spec)
+    assert np.array_equal(tree.tokens, again.tokens) and np.array_equal(tree.parents, again.parents)
+    other = draft(MarkovLM(scale=1.0), 4, "best-first", **{**spec, "seed": 12})
+    assert not np.array_equal(tree.tokens, other.tokens)
+    for node in range(len(tree)):
+        kids = [int(tree.tokens[c]) for c in tree.children(node)]
+        assert len(kids) == len(set(kids))
+        if kids:
+            q = tree.q[node]
+            assert q.shape == (24,) and abs(q.sum() - 1) < 1e-5
+            expected = np.exp(log_softmax(lm.table[tree.tokens[node]].astype(np.float64) / 0.7))
+            np.testing.assert_allclose(q, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_spec_validation_of_the_depth():
+    with pytest.raises(OndeviceError, match="depth"):
+        check_spec(DraftSpec(builder="best-first", budget=8, max_depth=0))
+
+
+def test_spec_validation():
+    for bad in (DraftSpec(budget=0), DraftSpec(budget=2049), DraftSpec(builder="beam"), DraftSpec(temperature=-1)):
+        with pytest.raises(OndeviceError):
+            check_spec(bad)
+    check_spec(DraftSpec(builder="best-first", budget=2048))
