@@ -203,8 +203,8 @@ def _placement_json(target, memory: MemoryPlan | None = None) -> dict:
     if placement is None:
         return {"placement": {"on_device": "all", "from_ram": 0, "from_disk": 0}, "bytes_streamed_per_pass": 0}
     return {
-        "placement": {"on_device": len(placement.on_device), "from_ram": len(placement.from_ram), "from_disk": len(placement.from_disk),
-                      "summary": target.placement_summary()},
+        "placement": {"on_device": len(placement.on_device), "encoded_on_device": len(placement.encoded_on_device),
+                      "from_ram": len(placement.from_ram), "from_disk": len(placement.from_disk), "summary": target.placement_summary()},
         "bytes_streamed_per_pass": placement.bytes_per_pass,
     }
 

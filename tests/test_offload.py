@@ -81,6 +81,24 @@ def test_streaming_split():
     assert p.describe() == "28 layers: 7 on GPU, 21 streamed from RAM, 0 from disk; 315 MB moved per pass"
 
 
+def test_layers_kept_encoded_fit_more_on_the_device():
+    # the same 740 MB: floor 380 MB, room 360 MB holds 7 layers decoded (50 MB) or 24 encoded (15 MB)
+    decoded = uniform_plan(device_budget=740 * MB, ram_budget="1GB")
+    p = uniform_plan(device_budget=740 * MB, ram_budget="1GB", keep_encoded=True)
+    assert p.on_device == () and len(p.encoded_on_device) == 24 and len(p.from_ram) == 4
+    assert p.device_bytes == 380 * MB + 24 * 15 * MB <= 740 * MB and p.bytes_per_pass == 4 * 15 * MB < decoded.bytes_per_pass
+    assert sorted(p.encoded_on_device + p.streamed) == list(range(28))
+    assert {b - a for a, b in zip(p.streamed, p.streamed[1:])} == {7}  # the streamed ones spread too
+    assert p.describe() == "28 layers: 24 kept encoded on GPU, 4 streamed from RAM, 0 from disk; 60 MB moved per pass"
+    everything = uniform_plan(device_budget=380 * MB + 28 * 15 * MB, ram_budget="1GB", keep_encoded=True)
+    assert len(everything.encoded_on_device) == 28 and everything.streamed == () and everything.bytes_per_pass == 0
+
+
+def test_keep_encoded_is_ignored_where_the_encoding_is_not_smaller():
+    p = plan_placement([50 * MB] * 4, 300 * MB, device_budget=450 * MB, ram_budget="1GB", device="cpu", keep_encoded=True)
+    assert p.encoded_on_device == () and len(p.on_device) == 1
+
+
 def test_ram_overflow_goes_to_disk():
     # RAM: 2 staging buffers × 15 MB + 10 layers × 15 MB = 180 MB ≤ 185 MB; an 11th would not fit
     p = uniform_plan(device_budget=740 * MB, ram_budget=185 * MB)

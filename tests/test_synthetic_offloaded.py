@@ -58,3 +58,60 @@ def test_streamed_layers_need_ram_there_is_no_file_for_a_disk_tier():
     shape = SHAPES[0]
     with pytest.raises(OndeviceError, match="needs RAM for all 6 streamed layers"):
         offloaded_target(shape, "cpu", gpu_memory="12MB", ram_memory="1MB", n_ctx=128, max_tree=16)
+
+
+def three_passes(target) -> list[np.ndarray]:
+    """Prefill, then two tree passes with a commit between: the logits of each pass."""
+    target.prefill([3, 4, 5, 6, 8])
+    first = target.forward_tree(DraftTree.chain(1, [5, 7, 9]))
+    target.commit([0, 1])
+    return [first, target.forward_tree(DraftTree.chain(2, [11, 13]))]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.arch)
+def test_layers_kept_encoded_compute_what_decoded_ones_do(tmp_path, shape):
+    """The same budget holds more layers as GGUF blocks (decoded for each pass, offload/encoded.py)
+    than decoded: fewer bytes move per pass, the logits stay the same bits, for a file and for
+    the model built in memory alike."""
+    path = write_synthetic_gguf(shape, tmp_path / "model.gguf", seed=3, show=False)
+    budget = budget_for_two_layers(path)
+    common = dict(gpu_memory=budget, ram_memory="1GB", n_ctx=128, max_tree=16)
+    decoded = load_offloaded_target(path, "cpu", keep_encoded=False, **common)
+    encoded = load_offloaded_target(path, "cpu", keep_encoded=True, **common)
+    built = offloaded_target(shape, "cpu", seed=3, exact=True, keep_encoded=True, **common)
+    try:
+        kept = encoded.placement.encoded_on_device
+        assert decoded.placement.encoded_on_device == () and len(decoded.placement.on_device) == 2
+        assert len(kept) > 2 and encoded.placement.on_device == () and encoded.placement.bytes_per_pass < decoded.placement.bytes_per_pass
+        assert built.placement == encoded.placement and "kept encoded on CPU" in encoded.placement.describe()
+        expected = three_passes(decoded)
+        for target in (encoded, built):
+            assert all(np.array_equal(got, want) for got, want in zip(three_passes(target), expected, strict=True))
+            assert all(p.is_meta for i in kept for p in target.model.layers[i].parameters())  # decoded only while computing
+            if target.streamer is not None:
+                assert target.streamer.collect_stats().bytes_per_pass == target.placement.bytes_per_pass
+    finally:
+        for target in (decoded, encoded, built):
+            target.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_with_triton_layers_stay_encoded_by_default(tmp_path):
+    """Where the Triton kernels decode every tensor (Q4_K, Q6_K: the llama shape's mix), the target
+    keeps its device layers encoded unasked, and computes what decoded layers compute."""
+    pytest.importorskip("triton")
+    shape = SHAPES[0]
+    path = write_synthetic_gguf(shape, tmp_path / "model.gguf", seed=3, show=False)
+    plan = plan_offload(path, "cuda", torch.bfloat16, 128, str(1 << 40), None, max_tree=16, keep_encoded=False)
+    moved = max(layout.nbytes for layout in plan.layouts.values())
+    decoded_size = max(layout.decoded_bytes for layout in plan.layouts.values())
+    common = dict(gpu_memory=str(plan.resident_bytes + 2 * moved + 3 * decoded_size), ram_memory="1GB", n_ctx=128, max_tree=16)
+    auto = load_offloaded_target(path, "cuda", **common)
+    decoded = load_offloaded_target(path, "cuda", keep_encoded=False, **common)
+    try:
+        assert len(auto.placement.encoded_on_device) > len(decoded.placement.on_device) == 2
+        assert all(np.array_equal(a, b) for a, b in zip(three_passes(auto), three_passes(decoded), strict=True))
+    finally:
+        auto.close()
+        decoded.close()

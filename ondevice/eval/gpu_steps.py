@@ -144,6 +144,7 @@ def placement_record(target) -> dict:
     stats = torch.cuda.host_memory_stats() if target.device.type == "cuda" and hasattr(torch.cuda, "host_memory_stats") else {}
     return {
         "placement": placement.describe(), "layers": placement.n_layers, "layers_on_device": len(placement.on_device),
+        "layers_encoded_on_device": len(placement.encoded_on_device),
         "layers_streamed": len(placement.streamed), "bytes_per_pass": placement.bytes_per_pass,
         "planned_device_bytes": placement.device_bytes, "planned_host_bytes": placement.ram_bytes,
         "host_allocator_bytes": {k: v for k, v in stats.items() if "bytes" in k and k.endswith(".current")},

@@ -28,6 +28,7 @@ from ondevice.offload.layout import (
     move_buffers,
     pack_params,
 )
+from ondevice.offload.encoded import EncodedLayers
 from ondevice.offload.placement import Placement, plan_placement
 from ondevice.offload.streamer import LayerStreamer, StreamedLayer
 from ondevice.quant.groupwise import GroupSpec
@@ -92,14 +93,16 @@ def offload_blocks(
     trace: bool = False,
     timeout_s: float = 120.0,
 ) -> LayerStreamer | None:
-    """Move resident blocks to the device and stream the others; None when nothing streams."""
+    """Move resident blocks to the device (those kept encoded as their buffers, decoded for each
+    pass: encoded.py) and stream the others; None when nothing streams."""
     device = torch.device(device)
     for i in placement.on_device:
         blocks[i].to(device)
-    if not placement.streamed:
+    travelling = sorted(placement.streamed + placement.encoded_on_device)
+    if not travelling:
         return None
-    layouts = dict(layouts) if layouts is not None else {i: layout_from_params(blocks[i]) for i in placement.streamed}
-    from_file = [i for i in placement.streamed if layouts[i].file_ranges]
+    layouts = dict(layouts) if layouts is not None else {i: layout_from_params(blocks[i]) for i in travelling}
+    from_file = [i for i in travelling if layouts[i].file_ranges]
     if (from_file or placement.from_disk) and model_path is None:
         raise ValueError("GGUF layouts and disk-tier layers need model_path")
     pin = device.type == "cuda"
@@ -108,10 +111,15 @@ def offload_blocks(
         layers = [
             _host_layer(blocks[i], i, layouts[i], i in placement.from_ram, fds, pin, check) for i in placement.streamed
         ]
+        kept = {i: _host_layer(blocks[i], i, layouts[i], True, fds, False, check).host.to(device) for i in placement.encoded_on_device}
     finally:
         close_all(fds)
-    for i in placement.streamed:
+    for i in travelling:
         move_buffers(blocks[i], device)
+    if kept:
+        EncodedLayers(blocks, kept, layouts)  # its hooks hold the buffers as long as the blocks live
+    if not placement.streamed:
+        return None
     disk = None
     if placement.from_disk:
         disk = DiskReader(model_path, {i: layouts[i] for i in placement.from_disk}, disk_buffers, pin, timeout_s)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ondevice.errors import OndeviceError
+from ondevice.offload.encoded import EncodedLayers
 from ondevice.offload.layout import GGUFTensorInfo, LayerLayout, move_buffers, unpack
 from ondevice.offload.streamer import LayerStreamer, StreamedLayer
 from ondevice.target.offloaded import LAYER_NAMES, assign_resident, meta_layouts, place_layers
@@ -67,6 +68,7 @@ def model_args(shape: ModelShape) -> ModelArgs:
 def offloaded_target(
     shape: ModelShape, device=None, gpu_memory: str | None = None, ram_memory: str | None = None, *, n_ctx: int = 4096,
     max_tree: int = MAX_BUDGET, seed: int = 0, dtype=None, head_dtype=torch.float32, exact: bool = False,
+    keep_encoded: bool | None = None,
 ) -> TorchTarget:
     """A TorchTarget of random weights in the shape's quant mix, placed within the budgets as
     `load_offloaded_target` places a file (device: default cuda when available). Streamed layers
@@ -77,7 +79,7 @@ def offloaded_target(
     tensors = preset_tensors(shape)
     args, _ = weights.untie_for_head_dtype(model_args(shape), dtype, head_dtype)
     model, layouts = meta_layouts(args, dtype, head_dtype, virtual_index(tensors))
-    _, placement = place_layers(model, layouts, device, dtype, n_ctx, gpu_memory, ram_memory, max_tree)
+    _, placement = place_layers(model, layouts, device, dtype, n_ctx, gpu_memory, ram_memory, max_tree, keep_encoded)
     if placement.from_disk:
         raise OndeviceError(
             f"the synthetic {shape.name} needs RAM for all {len(placement.streamed)} streamed layers (it has no file to read "
@@ -90,6 +92,11 @@ def offloaded_target(
         loaded |= {f"layers.{i}.{name}": w for name, w in on_device.items()}
     assign_resident(model, loaded, placement)
     model.inv_freq = rope_inv_freq(args).to(device)
+    if placement.encoded_on_device:  # kept as GGUF blocks, decoded for each pass (offload/encoded.py)
+        kept = {i: torch.from_numpy(layers.host_bytes(i)).to(device) for i in placement.encoded_on_device}
+        for i in kept:
+            move_buffers(model.layers[i], device)
+        EncodedLayers(model.layers, kept, layouts)
     target = TorchTarget(model, n_ctx)
     target.placement = placement
     if placement.streamed:

@@ -24,6 +24,7 @@ import torch
 from ondevice.errors import OndeviceError
 from ondevice.sizes import format_bytes, parse_size
 from ondevice.offload.build import gguf_names_from_table, offload_blocks, plan_for
+from ondevice.offload.encoded import decodes_fast
 from ondevice.offload.layout import LayerLayout, gguf_tensor_index, layout_from_gguf
 from ondevice.offload.placement import Placement
 from ondevice.target import weights
@@ -55,6 +56,7 @@ def load_offloaded_target(
     *,
     head_dtype=torch.float32,
     max_tree: int = PREFILL_CHUNK,
+    keep_encoded: bool | None = None,
 ) -> TorchTarget:
     """A GGUF (qwen2 or llama) as a TorchTarget on `device` within the memory budgets.
 
@@ -64,12 +66,15 @@ def load_offloaded_target(
     margin); ram_memory: host memory for streamed layers, the rest streams from disk (on a CPU with
     no gpu_memory: all the memory the target may use, `cpu_budgets`) (default:
     available RAM minus a margin). max_tree: the largest draft tree verified in one pass (its
-    logits and attention scores are part of the resident minimum).
+    logits and attention scores are part of the resident minimum). keep_encoded: layers that stay
+    on the device stay as GGUF blocks, decoded for each pass (placement.py; default: where the
+    Triton kernels decode them, offload/encoded.py).
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or default_dtype(device)
     set_threads(threads)
-    plan = plan_offload(path, device, dtype, n_ctx, gpu_memory, ram_memory, head_dtype=head_dtype, max_tree=max_tree)
+    plan = plan_offload(path, device, dtype, n_ctx, gpu_memory, ram_memory, head_dtype=head_dtype, max_tree=max_tree,
+                        keep_encoded=keep_encoded)  # fmt: skip
     model, placement = plan.model, plan.placement
 
     def keep(name: str) -> bool:  # only what stays on the device is dequantized here
@@ -91,7 +96,8 @@ def load_offloaded_target(
 
 
 def plan_offload(
-    path, device, dtype, n_ctx: int, gpu_memory, ram_memory, *, head_dtype=torch.float32, max_tree: int = PREFILL_CHUNK
+    path, device, dtype, n_ctx: int, gpu_memory, ram_memory, *, head_dtype=torch.float32, max_tree: int = PREFILL_CHUNK,
+    keep_encoded: bool | None = None,
 ) -> OffloadPlan:
     """Where each layer goes, from the file's metadata alone (nothing is dequantized)."""
     path = Path(path).expanduser()
@@ -101,7 +107,7 @@ def plan_offload(
         model, layouts = meta_layouts(args, dtype, head_dtype, gguf_tensor_index(reader))
     except ValueError as err:  # a tensor missing or of the wrong shape
         raise OndeviceError(f"{path} does not match a {args.arch} model ({err}): download it again.") from err
-    resident, placement = place_layers(model, layouts, device, dtype, n_ctx, gpu_memory, ram_memory, max_tree)
+    resident, placement = place_layers(model, layouts, device, dtype, n_ctx, gpu_memory, ram_memory, max_tree, keep_encoded)
     return OffloadPlan(path, reader, args, model, layouts, resident, placement)
 
 
@@ -117,22 +123,25 @@ def meta_layouts(args: ModelArgs, dtype, head_dtype, index) -> tuple[Transformer
 
 
 def place_layers(
-    model: Transformer, layouts: dict[int, LayerLayout], device, dtype, n_ctx: int, gpu_memory, ram_memory, max_tree: int
+    model: Transformer, layouts: dict[int, LayerLayout], device, dtype, n_ctx: int, gpu_memory, ram_memory, max_tree: int,
+    keep_encoded: bool | None = None,
 ) -> tuple[int, Placement]:
     """(resident bytes, placement) of the layers within the budgets (see `load_offloaded_target`)."""
     resident = _resident_bytes(model, model.args, dtype, n_ctx, max_tree)
+    keep_encoded = decodes_fast(layouts, device) if keep_encoded is None else keep_encoded
     if torch.device(device).type == "cpu" and gpu_memory is None and ram_memory is not None:
         total = parse_size(ram_memory)
         gpu_memory, ram_memory = cpu_budgets(layouts, total)
         try:
-            return resident, plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
+            return resident, plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory,
+                                      keep_encoded=keep_encoded)  # fmt: skip
         except OndeviceError:  # say it in the user's terms: the whole budget, the whole need
             need = resident + 2 * max(layout.nbytes for layout in layouts.values()) + max(layout.decoded_bytes for layout in layouts.values())
             raise OndeviceError(
                 f"--ram-memory {format_bytes(total)} is below the {format_bytes(need + total - gpu_memory)} this target needs in RAM "
                 "even with every layer streamed from disk (embeddings, LM head, KV cache, buffers); raise it or use a shorter --ctx."
             ) from None
-    return resident, plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory)
+    return resident, plan_for(layouts, resident, device=device, device_budget=gpu_memory, ram_budget=ram_memory, keep_encoded=keep_encoded)
 
 
 def cpu_budgets(layouts, ram: int, disk_buffers: int = 2) -> tuple[int, int]:
@@ -166,8 +175,8 @@ def _resident_bytes(model: Transformer, args: ModelArgs, dtype, n_ctx: int, max_
 
 
 def assign_resident(model: Transformer, loaded: dict[str, torch.Tensor], placement: Placement) -> None:
-    """Put the dequantized tensors in the meta model; streamed layers keep their meta parameters."""
-    streamed = {f"layers.{i}." for i in placement.streamed}
+    """Put the dequantized tensors in the meta model; streamed layers and those kept encoded keep their meta parameters."""
+    streamed = {f"layers.{i}." for i in placement.streamed + placement.encoded_on_device}
     expected = {name for name in model.state_dict() if not name.startswith(tuple(streamed))}
     missing, unexpected = expected - set(loaded), set(loaded) - expected
     if missing or unexpected:
