@@ -76,10 +76,19 @@ def test_random_bit_patterns_bit_exact(qtype):
 
 
 def _triton_case(qtype: QT, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """37 random blocks (not a multiple of a program's 8: the masked tail) → (ours, gguf's numpy cast to dtype)."""
-    blocks = random_k_blocks(qtype, 37, np.random.default_rng(int(qtype)))
-    reference = torch.from_numpy(np.ascontiguousarray(gguf_dequantize(blocks, qtype), dtype=np.float32)).reshape(37, 256)
-    return gguf_blocks.dequantize(bytes_of(blocks).to(device), qtype, (37, 256), dtype).cpu(), reference.to(dtype)
+    """37 random blocks (not a multiple of a program's: the masked tail) → (ours, gguf's numpy cast to dtype)."""
+    rng = np.random.default_rng(int(qtype))
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if qtype in K_SCALE_FIELDS:
+        blocks = random_k_blocks(qtype, 37, rng)
+    else:  # Q8_0: a leading f16 scale, the rest random
+        blocks = rng.integers(0, 256, (37, type_size), dtype=np.uint8)
+        blocks[:, :2] = rng.uniform(-1, 1, 37).astype(np.float16).view(np.uint8).reshape(37, 2)
+    reference = torch.from_numpy(np.ascontiguousarray(gguf_dequantize(blocks, qtype), dtype=np.float32)).reshape(37, block)
+    return gguf_blocks.dequantize(bytes_of(blocks).to(device), qtype, (37, block), dtype).cpu(), reference.to(dtype)
+
+
+TRITON_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0]
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -90,9 +99,9 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K])
+@pytest.mark.parametrize("qtype", TRITON_TYPES)
 def test_gpu_dequantizer_bit_exact(qtype, dtype):
-    """On a GPU, Q4_K/Q6_K go through gguf_triton's kernels (where Triton is installed): the same
+    """On a GPU, Q4_K/Q5_K/Q6_K/Q8_0 go through gguf_triton's kernels (where Triton is installed): the same
     bits as gguf's numpy dequantizer rounded to the model's dtype, and as the torch path."""
     from ondevice.quant import gguf_triton
 
@@ -100,19 +109,22 @@ def test_gpu_dequantizer_bit_exact(qtype, dtype):
     assert _same_bits(ours, reference)
     if gguf_triton.triton is not None:
         assert gguf_triton.describe(torch.device("cuda")) == "triton"  # no failure turned the kernels off
+        assert gguf_blocks.fast_path_works(qtype, torch.device("cuda"), dtype)  # and the check before a placement agrees
 
 
 INTERPRETED = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 from gguf import GGMLQuantizationType as QT
-from ondevice.quant import gguf_triton
-from test_quant import _same_bits, _triton_case, random_k_blocks
+from ondevice.quant import gguf_blocks, gguf_triton
+from test_quant import TRITON_TYPES, _same_bits, _triton_case
 gguf_triton.handles = lambda qtype, device: True  # the interpreter runs the kernels on the CPU
-for qtype in (QT.Q4_K, QT.Q6_K):
+for qtype in TRITON_TYPES:
     for dtype in (torch.float32, torch.float16):  # the interpreter rounds to bfloat16 by truncation, a GPU to nearest
         ours, reference = _triton_case(qtype, "cpu", dtype)
         assert _same_bits(ours, reference), (qtype, dtype)
+assert all(gguf_blocks.fast_path_works(qtype, torch.device("cpu"), torch.float16) for qtype in TRITON_TYPES)  # the self-check agrees
+assert gguf_triton._broken is None, gguf_triton._broken  # no kernel failed over to the torch path
 print("ok")
 """
 

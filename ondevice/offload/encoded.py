@@ -18,8 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from torch import nn
 
 from ondevice.offload.layout import LayerLayout, free_params, point_params, unpack
-from ondevice.quant import gguf_triton
-from ondevice.quant.gguf_blocks import FLOAT_TYPES
+from ondevice.quant.gguf_blocks import FLOAT_TYPES, fast_path_works
 
 
 class EncodedLayers:
@@ -58,9 +57,12 @@ def _drop_hook(layout: LayerLayout):
 
 
 def decodes_fast(layouts: Mapping[int, LayerLayout], device: torch.device | str) -> bool:
-    """Whether every GGUF-encoded tensor of these layers is decoded by a Triton kernel on `device`
-    (the other tensors are views or casts): then keeping layers encoded on the device pays."""
+    """Whether every GGUF-encoded tensor of these layers is decoded by a Triton kernel on `device`,
+    each kernel checked there once (the other tensors are views or casts): then keeping layers
+    encoded on the device pays."""
     device = torch.device(device)
     encoded = [t for layout in layouts.values() for t in layout.tensors if t.encoding != "raw"]
     blocks = [t for t in encoded if not (t.encoding == "gguf" and QT(t.qtype) in FLOAT_TYPES)]  # float ones: a cast
-    return bool(blocks) and all(t.encoding == "gguf" and gguf_triton.handles(t.qtype, device) for t in blocks)
+    if not blocks or any(t.encoding != "gguf" for t in blocks):
+        return False
+    return all(fast_path_works(qtype, device, dtype) for qtype, dtype in {(int(t.qtype), t.dtype) for t in blocks})

@@ -176,7 +176,7 @@ def dequantize(raw: torch.Tensor, qtype: QT | int, shape: tuple[int, ...], dtype
     GGUF's dims reversed): float32 bit-identical to `gguf.quants.dequantize`, then cast to `dtype`.
 
     F32 as float32 comes back as a view of `raw` (no copy); everything else is freshly allocated.
-    Q4_K and Q6_K on a CUDA GPU go through one Triton kernel each (gguf_triton), same bits.
+    Q4_K, Q5_K, Q6_K and Q8_0 on a CUDA GPU go through one Triton kernel each (gguf_triton), same bits.
     """
     qtype = QT(qtype)
     if raw.dtype != torch.uint8 or raw.dim() != 1:
@@ -199,3 +199,28 @@ def dequantize(raw: torch.Tensor, qtype: QT | int, shape: tuple[int, ...], dtype
         except Exception as error:  # noqa: BLE001 — any compile or launch failure: the torch path below
             gguf_triton.turn_off(error)
     return _BLOCK_DEQUANT[qtype](blocks).reshape(shape).to(dtype)
+
+
+def fast_path_works(qtype: QT | int, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernel of `qtype` (gguf_triton) compiles and runs on `device`, with the torch
+    path's bits on two random blocks: checked once per type and dtype, before a placement counts
+    on it (offload/encoded.py). A failure turns the kernels off, as in use."""
+    if not gguf_triton.handles(qtype, device):
+        return False
+    key = (int(qtype), str(device), dtype)
+    if key not in _FAST_PATH_CHECKED:
+        size, _ = gguf_triton.TYPES[int(qtype)]
+        blocks = torch.randint(0, 256, (2, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        for at in {QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (size - 2,)}.get(QT(int(qtype)), (0,)):  # f16 fields: finite
+            blocks[:, at : at + 2] = torch.tensor([0.01, -0.02], dtype=torch.float16).view(torch.uint8).reshape(2, 2)
+        try:
+            ours = gguf_triton.dequantize(blocks.to(device), qtype, dtype).cpu()
+        except Exception as error:  # noqa: BLE001 — any compile or launch failure
+            gguf_triton.turn_off(error)
+            return False
+        reference = _BLOCK_DEQUANT[QT(int(qtype))](blocks).reshape(-1).to(dtype)
+        _FAST_PATH_CHECKED[key] = torch.equal(ours.view(torch.uint8), reference.view(torch.uint8))
+    return _FAST_PATH_CHECKED[key]
+
+
+_FAST_PATH_CHECKED: dict[tuple, bool] = {}

@@ -1,10 +1,10 @@
-"""Q4_K and Q6_K blocks → weights on a CUDA GPU, one Triton kernel per tensor.
+"""Q4_K, Q5_K, Q6_K and Q8_0 blocks → weights on a CUDA GPU, one Triton kernel per tensor.
 
-A layer streamed to the GPU is dequantized on every pass. `gguf_blocks` does it in about ten
-elementwise torch passes over the layer's weights; on an H100 that took 10.7 ms per Qwen2.5-32B
-layer against 5.9 ms to copy the layer in, so a streamed pass ran at half the pinned bandwidth
-(README, "GPU"). These kernels read each block once and write each weight once, in the dtype
-the model computes in.
+A layer streamed to the GPU is dequantized on every pass (so is one kept encoded on the device:
+offload/encoded.py). `gguf_blocks` does it in about ten elementwise torch passes over the layer's
+weights; on an H100 that took 10.7 ms per Qwen2.5-32B layer against 5.9 ms to copy the layer in,
+so a streamed pass ran at half the pinned bandwidth (README, "GPU"). These kernels read each block
+once and write each weight once, in the dtype the model computes in.
 
 The arithmetic is gguf_blocks' (and gguf.quants'): the same float32 operations in the same
 order, with no fused multiply-add (`enable_fp_fusion=False`), rounded once to the output dtype
@@ -14,9 +14,12 @@ GPU, and on a CPU in Triton's interpreter where Triton is installed).
 Block layouts (as gguf_blocks' docstring), byte offsets within one block:
   Q4_K (144 B): d f16 @0 | dmin f16 @2 | scales @4..15 | qs @16..143
       weight p: sub-block j = p // 32, its nibble (j % 2) of byte 16 + 32·(j // 2) + p % 32
+  Q5_K (176 B): as Q4_K with qh @16..47 before qs @48..175; the 5th bit of weight p is bit j of
+      qh[p % 32]
   Q6_K (210 B): ql @0..127 | qh @128..191 | scales int8 @192..207 | d f16 @208
       weight p (h = p // 128, r = p % 128): low nibble (r // 64) of ql[64h + r % 64],
       2 high bits (r // 32) of qh[32h + r % 32], scale p // 16
+  Q8_0 (34 B, 32 weights): d f16 @0 | qs int8 @2..33
 """
 
 from __future__ import annotations
@@ -32,35 +35,35 @@ try:
 except ImportError:  # torch's CPU builds come without Triton: gguf_blocks' torch path then
     triton = None
 
-BLOCKS_PER_PROGRAM = 8  # 8 blocks × 256 weights per program
-TYPE_SIZES = {12: 144, 14: 210}  # GGMLQuantizationType Q4_K, Q6_K → bytes per block of 256
+WEIGHTS_PER_PROGRAM = 2048
+TYPES = {8: (34, 32), 12: (144, 256), 13: (176, 256), 14: (210, 256)}  # Q8_0, Q4_K, Q5_K, Q6_K → (bytes, weights) per block
 _broken: str | None = None  # why the kernels were turned off in this process (a failed compile)
 
 
 def handles(qtype: int, device: torch.device) -> bool:
-    """Whether this tensor goes through a kernel here: a Q4_K/Q6_K tensor on a CUDA device with
+    """Whether this tensor goes through a kernel here: a Q4_K/Q5_K/Q6_K/Q8_0 tensor on a CUDA device with
     Triton installed (`ONDEVICE_DEQUANT=torch` forces the torch path, for comparisons)."""
     return (
-        triton is not None and device.type == "cuda" and int(qtype) in TYPE_SIZES and _broken is None
+        triton is not None and device.type == "cuda" and int(qtype) in TYPES and _broken is None
         and os.environ.get("ONDEVICE_DEQUANT", "triton") != "torch"
     )  # fmt: skip
 
 
 def dequantize(blocks: torch.Tensor, qtype: int, dtype: torch.dtype) -> torch.Tensor:
-    """(n_blocks, type_size) uint8 → (n_blocks·256,) weights of `dtype`, on the blocks' device."""
+    """(n_blocks, type_size) uint8 → (n_blocks·weights per block,) weights of `dtype`, on the blocks' device."""
     n = blocks.shape[0]
-    out = torch.empty(n * 256, dtype=dtype, device=blocks.device)
-    kernel = _q4_k_kernel if int(qtype) == 12 else _q6_k_kernel
-    grid = (triton.cdiv(n, BLOCKS_PER_PROGRAM),)
+    _, weights = TYPES[int(qtype)]
+    out = torch.empty(n * weights, dtype=dtype, device=blocks.device)
+    per_program = WEIGHTS_PER_PROGRAM // weights
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (a test) takes no compile options
     options = {} if interpreted else {"enable_fp_fusion": False}
-    kernel[grid](blocks, out, n, BLOCKS=BLOCKS_PER_PROGRAM, **options)
+    KERNELS[int(qtype)][(triton.cdiv(n, per_program),)](blocks, out, n, BLOCKS=per_program, **options)
     return out
 
 
 def describe(device: torch.device) -> str:
-    """Which path dequantizes Q4_K/Q6_K layers on this device, for reports."""
-    if handles(12, device):
+    """Which path dequantizes the block types of TYPES on this device, for reports."""
+    if handles(12, device):  # (any type of TYPES answers the same)
         return "triton"
     why = ("not a CUDA device" if device.type != "cuda" else "Triton is not installed" if triton is None
            else f"turned off: {_broken}" if _broken else "ONDEVICE_DEQUANT=torch")  # fmt: skip
@@ -85,11 +88,20 @@ if triton is not None:
 
     @triton.jit
     def _q4_k_kernel(raw, out, n_blocks, BLOCKS: tl.constexpr):
+        _k_affine_kernel(raw, out, n_blocks, BLOCKS, 144, 16, False)
+
+    @triton.jit
+    def _q5_k_kernel(raw, out, n_blocks, BLOCKS: tl.constexpr):
+        _k_affine_kernel(raw, out, n_blocks, BLOCKS, 176, 48, True)
+
+    @triton.jit
+    def _k_affine_kernel(raw, out, n_blocks, BLOCKS: tl.constexpr, SIZE: tl.constexpr, QS: tl.constexpr, FIFTH_BIT: tl.constexpr):
+        """Q4_K (FIFTH_BIT False) and Q5_K: w = d·sc·q − dmin·m, 8 sub-blocks of 32 weights."""
         block = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)[:, None]  # (BLOCKS, 1)
         p = tl.arange(0, 256)[None, :]  # (1, 256): the weight within its block
         live_block = block < n_blocks
         live = live_block & (p < 256)
-        base = raw + block.to(tl.int64) * 144
+        base = raw + block.to(tl.int64) * SIZE
         d, dmin = _f16_at(base, live_block), _f16_at(base + 2, live_block)
         j = p // 32  # sub-block 0..7, each with a 6-bit scale and min packed into bytes 4..15
         sd = tl.load(base + 4 + j % 4, mask=live, other=0).to(tl.int32)
@@ -97,8 +109,10 @@ if triton is not None:
         smd = tl.load(base + 12 + j % 4, mask=live, other=0).to(tl.int32)
         sc = tl.where(j < 4, sd & 63, (smd & 15) | ((sd >> 2) & 48))
         mn = tl.where(j < 4, sm & 63, (smd >> 4) | ((sm >> 2) & 48))
-        byte = tl.load(base + 16 + 32 * (j // 2) + p % 32, mask=live, other=0).to(tl.int32)
+        byte = tl.load(base + QS + 32 * (j // 2) + p % 32, mask=live, other=0).to(tl.int32)
         q = (byte >> (4 * (j % 2))) & 15
+        if FIFTH_BIT:
+            q = q | (((tl.load(base + 16 + p % 32, mask=live, other=0).to(tl.int32) >> j) & 1) << 4)
         scale = d * sc.to(tl.float32)
         offset = dmin * mn.to(tl.float32)
         w = scale * q.to(tl.float32) - offset
@@ -120,3 +134,17 @@ if triton is not None:
         dd = _f16_at(base + 208, live_block) * s.to(tl.float32)
         w = dd * q.to(tl.float32)
         tl.store(out + block.to(tl.int64) * 256 + p, w.to(out.dtype.element_ty), mask=live)
+
+    @triton.jit
+    def _q8_0_kernel(raw, out, n_blocks, BLOCKS: tl.constexpr):
+        block = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)[:, None]
+        p = tl.arange(0, 32)[None, :]
+        live_block = block < n_blocks
+        live = live_block & (p < 32)
+        base = raw + block.to(tl.int64) * 34
+        q = tl.load(base + 2 + p, mask=live, other=0).to(tl.int32)
+        q = tl.where(q > 127, q - 256, q)  # int8
+        w = q.to(tl.float32) * _f16_at(base, live_block)
+        tl.store(out + block.to(tl.int64) * 32 + p, w.to(out.dtype.element_ty), mask=live)
+
+    KERNELS = {8: _q8_0_kernel, 12: _q4_k_kernel, 13: _q5_k_kernel, 14: _q6_k_kernel}
