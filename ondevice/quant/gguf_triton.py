@@ -87,6 +87,25 @@ if triton is not None:
         return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit
+    def _int8_at(ptr, live):
+        """One byte at ptr, read as int8 → int32."""
+        return tl.load(ptr, mask=live, other=0).to(tl.int8, bitcast=True).to(tl.int32)
+
+    @triton.jit
+    def _program_blocks(raw, n_blocks, BLOCKS: tl.constexpr, SIZE: tl.constexpr, WEIGHTS: tl.constexpr):
+        """This program's BLOCKS blocks of SIZE bytes and WEIGHTS weights: (block (BLOCKS, 1), the weight
+        within its block p (1, WEIGHTS), which blocks exist, which weights exist, each block's first byte)."""
+        block = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)[:, None]
+        p = tl.arange(0, WEIGHTS)[None, :]
+        live_block = block < n_blocks
+        return block, p, live_block, live_block & (p < WEIGHTS), raw + block.to(tl.int64) * SIZE
+
+    @triton.jit
+    def _store(out, block, p, w, live, WEIGHTS: tl.constexpr):
+        """The float32 weights w, rounded once to the output's dtype, at their places in `out`."""
+        tl.store(out + block.to(tl.int64) * WEIGHTS + p, w.to(out.dtype.element_ty), mask=live)
+
+    @triton.jit
     def _q4_k_kernel(raw, out, n_blocks, BLOCKS: tl.constexpr):
         _k_affine_kernel(raw, out, n_blocks, BLOCKS, 144, 16, False)
 
@@ -97,11 +116,7 @@ if triton is not None:
     @triton.jit
     def _k_affine_kernel(raw, out, n_blocks, BLOCKS: tl.constexpr, SIZE: tl.constexpr, QS: tl.constexpr, FIFTH_BIT: tl.constexpr):
         """Q4_K (FIFTH_BIT False) and Q5_K: w = d·sc·q − dmin·m, 8 sub-blocks of 32 weights."""
-        block = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)[:, None]  # (BLOCKS, 1)
-        p = tl.arange(0, 256)[None, :]  # (1, 256): the weight within its block
-        live_block = block < n_blocks
-        live = live_block & (p < 256)
-        base = raw + block.to(tl.int64) * SIZE
+        block, p, live_block, live, base = _program_blocks(raw, n_blocks, BLOCKS, SIZE, 256)
         d, dmin = _f16_at(base, live_block), _f16_at(base + 2, live_block)
         j = p // 32  # sub-block 0..7, each with a 6-bit scale and min packed into bytes 4..15
         sd = tl.load(base + 4 + j % 4, mask=live, other=0).to(tl.int32)
@@ -115,36 +130,21 @@ if triton is not None:
             q = q | (((tl.load(base + 16 + p % 32, mask=live, other=0).to(tl.int32) >> j) & 1) << 4)
         scale = d * sc.to(tl.float32)
         offset = dmin * mn.to(tl.float32)
-        w = scale * q.to(tl.float32) - offset
-        tl.store(out + block.to(tl.int64) * 256 + p, w.to(out.dtype.element_ty), mask=live)
+        _store(out, block, p, scale * q.to(tl.float32) - offset, live, 256)
 
     @triton.jit
     def _q6_k_kernel(raw, out, n_blocks, BLOCKS: tl.constexpr):
-        block = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)[:, None]
-        p = tl.arange(0, 256)[None, :]
-        live_block = block < n_blocks
-        live = live_block & (p < 256)
-        base = raw + block.to(tl.int64) * 210
+        block, p, live_block, live, base = _program_blocks(raw, n_blocks, BLOCKS, 210, 256)
         h, r = p // 128, p % 128
         low = (tl.load(base + 64 * h + r % 64, mask=live, other=0).to(tl.int32) >> (4 * (r // 64))) & 15
         high = (tl.load(base + 128 + 32 * h + r % 32, mask=live, other=0).to(tl.int32) >> (2 * (r // 32))) & 3
         q = (low | (high << 4)) - 32
-        s = tl.load(base + 192 + p // 16, mask=live, other=0).to(tl.int32)
-        s = tl.where(s > 127, s - 256, s)  # the scales are int8
-        dd = _f16_at(base + 208, live_block) * s.to(tl.float32)
-        w = dd * q.to(tl.float32)
-        tl.store(out + block.to(tl.int64) * 256 + p, w.to(out.dtype.element_ty), mask=live)
+        dd = _f16_at(base + 208, live_block) * _int8_at(base + 192 + p // 16, live).to(tl.float32)
+        _store(out, block, p, dd * q.to(tl.float32), live, 256)
 
     @triton.jit
     def _q8_0_kernel(raw, out, n_blocks, BLOCKS: tl.constexpr):
-        block = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)[:, None]
-        p = tl.arange(0, 32)[None, :]
-        live_block = block < n_blocks
-        live = live_block & (p < 32)
-        base = raw + block.to(tl.int64) * 34
-        q = tl.load(base + 2 + p, mask=live, other=0).to(tl.int32)
-        q = tl.where(q > 127, q - 256, q)  # int8
-        w = q.to(tl.float32) * _f16_at(base, live_block)
-        tl.store(out + block.to(tl.int64) * 32 + p, w.to(out.dtype.element_ty), mask=live)
+        block, p, live_block, live, base = _program_blocks(raw, n_blocks, BLOCKS, 34, 32)
+        _store(out, block, p, _int8_at(base + 2 + p, live).to(tl.float32) * _f16_at(base, live_block), live, 32)
 
     KERNELS = {8: _q8_0_kernel, 12: _q4_k_kernel, 13: _q5_k_kernel, 14: _q6_k_kernel}
