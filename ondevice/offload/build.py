@@ -114,7 +114,7 @@ def offload_blocks(
         kept = {i: _host_layer(blocks[i], i, layouts[i], True, fds, False, check).host.to(device) for i in placement.encoded_on_device}
     finally:
         close_all(fds)
-    for i in travelling:
+    for i in placement.streamed:
         move_buffers(blocks[i], device)
     if kept:
         EncodedLayers(blocks, kept, layouts)  # its hooks hold the buffers as long as the blocks live

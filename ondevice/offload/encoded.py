@@ -17,18 +17,20 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from torch import nn
 
-from ondevice.offload.layout import LayerLayout, free_params, point_params, unpack
+from ondevice.offload.layout import LayerLayout, free_params, move_buffers, point_params, unpack
 from ondevice.quant.gguf_blocks import FLOAT_TYPES, fast_path_works
 
 
 class EncodedLayers:
     def __init__(self, blocks: Sequence[nn.Module], buffers: Mapping[int, torch.Tensor], layouts: Mapping[int, LayerLayout]):
-        """buffers[i]: layer i's bytes as transferred, already on the device (1-D uint8)."""
+        """buffers[i]: layer i's bytes as transferred, already on the device (1-D uint8); the
+        blocks' own buffers (a KV cache) move there too."""
         self.buffers = dict(buffers)
         self.hooks = []
         for i, buffer in self.buffers.items():
             block, layout = blocks[i], layouts[i]
             free_params(block, layout)
+            move_buffers(block, buffer.device)
             self.hooks.append(block.register_forward_pre_hook(_decode_hook(buffer, layout)))
             self.hooks.append(block.register_forward_hook(_drop_hook(layout)))
 

@@ -94,8 +94,6 @@ def offloaded_target(
     model.inv_freq = rope_inv_freq(args).to(device)
     if placement.encoded_on_device:  # kept as GGUF blocks, decoded for each pass (offload/encoded.py)
         kept = {i: torch.from_numpy(layers.host_bytes(i)).to(device) for i in placement.encoded_on_device}
-        for i in kept:
-            move_buffers(model.layers[i], device)
         EncodedLayers(model.layers, kept, layouts)
     target = TorchTarget(model, n_ctx)
     target.placement = placement
