@@ -69,3 +69,13 @@ HELDOUT6_CHAT = [
     "What are the pros and cons of working from home?",
     "How does a refrigerator keep food cold?",
 ]
+
+HELDOUT7_CODE = [  # written before the slots were mapped once (stop 34), measured once
+    "Write a Python function that returns the n most common words in a text file, ignoring case and punctuation.",
+    "Write a Rust function that reverses the words in a sentence while keeping the whitespace between them.",
+]
+
+HELDOUT7_CHAT = [
+    "What is the difference between a virus and a bacterium?",
+    "How do noise-cancelling headphones work?",
+]
