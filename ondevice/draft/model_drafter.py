@@ -27,7 +27,7 @@ from ondevice.errors import OndeviceError
 from ondevice.protocols import MAX_BUDGET, MODEL_BUILDERS, DraftSpec
 from ondevice.tree import DraftTree
 
-GROW_BATCH = 8  # nodes per expansion while the target verifies: a small batch stops soon after the pass
+GROW_BATCH = 1  # nodes per expansion while the target verifies: one, so the search stops soon after the pass
 
 
 def check_spec(spec: DraftSpec) -> None:
