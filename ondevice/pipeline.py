@@ -159,6 +159,10 @@ class Pipeline:
                     planner.finish(item, list(prompt_ids) + answer)
                 yield Record(decoder.flush(), [], 0, stats=item)
 
+    def peak_rss(self) -> int:
+        """This process's peak resident memory, a streaming target's shared slots counted once."""
+        return peak_rss(getattr(self.engine.target, "rss_counted_twice", 0))
+
     def stats_json(self, stats: Stats) -> dict:
         """How the last answer was made, as JSON: passes, tokens per pass, speed, time split, tree, plan, placement."""
         spec = stats.spec
@@ -181,7 +185,7 @@ class Pipeline:
             "planner": self.planner.summary() if self.plan is not None and self.planner is not None else None,
             "rounds_by_config": stats.rounds_by_config,
             **_placement_json(self.engine.target, self.memory),
-            "peak_rss_bytes": peak_rss(),  # this process's own footprint (its memory and mapped pages)
+            "peak_rss_bytes": self.peak_rss(),  # this process's own footprint (its memory and mapped pages)
             "anon_rss_bytes": anon_rss(),
             "disk_read_bytes": stats.disk_read_bytes,  # read from storage while decoding
             "bytes_read_per_pass": stats.bytes_read_per_pass,

@@ -13,6 +13,7 @@ import pytest
 
 import tiny_models
 from ondevice.files.gguf_header import OUTPUT_LAYER
+from ondevice.machine.ram import peak_rss
 from ondevice.target import direct_window
 from ondevice.target.direct_window import DirectWindow, direct_reads_work
 from ondevice.target.llama_target import LlamaTarget
@@ -136,6 +137,31 @@ def test_each_layer_is_mapped_over_its_slot_once(tiny, monkeypatch):
     assert sorted(mapped, key=lambda s: s.start) == sorted(spans, key=lambda s: s.start)
     slots = [window._slot(p) for p in range(len(window.streamed))]
     assert set(slots) == set(range(min(window.n_slots, len(window.streamed))))
+    target.close()
+
+
+def shmem_bytes() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no RssShmem in /proc/self/status")
+
+
+def test_peak_rss_counts_the_slots_once(tiny):
+    """Every streamed layer shows its slot's pages at its own addresses, and the kernel counts each
+    mapping: its shared-memory count grows by all the layers read, the slots hold far less, and
+    the peak RSS ondevice reports takes off exactly the difference."""
+    before = shmem_bytes()
+    target = streamed(tiny, kept=(OUTPUT_LAYER,))  # every decoder layer streams through 2 slots
+    answers(target)
+    window = target.window
+    window.drain()
+    assert window.read_layers == set(window.streamed)
+    mapped = sum(span.length for layer in window.streamed for span in window.own[layer])
+    grown = shmem_bytes() - before
+    assert mapped - window.bound <= grown <= mapped  # the kernel counts every layer's mapping, not the slots' memory once
+    assert target.rss_counted_twice == mapped - window.bound > 0
+    assert abs(peak_rss(target.rss_counted_twice) - (peak_rss() - target.rss_counted_twice)) < 1 << 20  # the high-water mark may move between the calls
     target.close()
 
 

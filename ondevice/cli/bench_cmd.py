@@ -131,9 +131,10 @@ def progress_bars(as_json: bool) -> Progress:
     return Progress(*columns, console=err, disable=as_json)
 
 
-def finish_row(result: BenchResult, outputs, reference, as_json: bool) -> None:
-    """A row is done: this process's peak memory so far, how many answers equal the target alone's, one log line."""
-    result.peak_rss_bytes = peak_rss()
+def finish_row(result: BenchResult, outputs, reference, as_json: bool, peak: int | None = None) -> None:
+    """A row is done: this process's peak memory so far (`peak`, else the kernel's count), how many
+    answers equal the target alone's, one log line."""
+    result.peak_rss_bytes = peak_rss() if peak is None else peak
     result.same_as_target = count_same(outputs, reference) if outputs is not None else None
     report_line(result, as_json)
 
@@ -160,7 +161,7 @@ def bench_specs(pipe, ids: list[list[int]], specs, max_tokens: int, sampling: Sa
                 result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
             result.config = prefix + result.config
             reference = outputs if spec is None and reference is None else reference
-            finish_row(result, outputs, reference, as_json)
+            finish_row(result, outputs, reference, as_json, pipe.peak_rss())
             yield result, outputs
 
 

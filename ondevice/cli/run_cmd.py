@@ -11,7 +11,6 @@ from ondevice.cli import options as opt
 from ondevice.cli.decoding import Decoding, err, load_pipeline, stats_line
 from ondevice.engine import Stats
 from ondevice.loading import Answers, LoadOptions
-from ondevice.machine.ram import peak_rss
 
 
 @opt.load_options
@@ -47,7 +46,7 @@ def generate(
             err.print(f"[dim]{pipe.engine.target.placement_summary()}[/]")
         elif pipe.memory is not None and pipe.memory.streams:
             read = f", {stats.bytes_read_per_pass / 1e9:.2f} GB read per pass" if stats.bytes_read_per_pass is not None else ""
-            err.print(f"[dim]{pipe.memory.describe()}{read}, peak RSS {peak_rss() / 1e9:.2f} GB[/]")
+            err.print(f"[dim]{pipe.memory.describe()}{read}, peak RSS {pipe.peak_rss() / 1e9:.2f} GB[/]")
 
 
 def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:

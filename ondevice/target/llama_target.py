@@ -136,6 +136,11 @@ class LlamaTarget:
         waits = self.window is not None and getattr(self.window, "measures", True) and self.window.failed is None
         return StreamCounters(self.page_wait_seconds if waits else None, disk.busy_seconds if disk else None)
 
+    @property
+    def rss_counted_twice(self) -> int:
+        """Bytes of this process's resident memory the kernel counts more than once (the window's slots)."""
+        return getattr(self.window, "counted_twice_bytes", 0) if self.window is not None else 0
+
     def commit(self, path: Sequence[int]) -> None:
         if self._pending is None:
             raise RuntimeError("commit() needs a forward_tree() first")
