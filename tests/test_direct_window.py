@@ -176,3 +176,89 @@ def test_no_direct_window_where_o_direct_is_refused(tiny, monkeypatch):
     target = streamed(tiny)
     assert target.window is not None and not isinstance(target.window, DirectWindow)
     target.close()
+
+
+def test_work_runs_while_a_read_is_slow_and_changes_no_logits(tiny, reference, monkeypatch):
+    """wait_work runs on llama.cpp's thread inside its pass (from the eval callback), only while the
+    layer llama.cpp waits for is still being read; another llama.cpp context decodes there (as the
+    drafter does) with the same logits as outside a pass; the target's logits do not change; and
+    the pass's split counts the work apart from the wait."""
+    read = DirectWindow._read_piece
+    monkeypatch.setattr(DirectWindow, "_read_piece", lambda self, piece: (time.sleep(0.05), read(self, piece))[1])
+    other = LlamaTarget(tiny, n_ctx=64, threads=1, max_tree_nodes=4, n_ubatch=16)
+    other.prefill([7, 8])
+    expected = other.forward_tree(DraftTree.root_only(9))
+    target = streamed(tiny, kept=(OUTPUT_LAYER,), window=1)
+    window, seen = target.window, []
+
+    decode, in_decode = target.ctx.decode, []
+    target.ctx.decode = lambda *args: (in_decode.append(1), decode(*args), in_decode.pop())[1]
+
+    def work() -> int:
+        with window.cond:  # inside a decode (in llama_decode, or just before it), and a read has not ended
+            seen.append((bool(in_decode), window._pending()))
+        seen_logits.append(other.forward_tree(DraftTree.root_only(9)))
+        other._drop_tree()
+        return 1
+
+    seen_logits: list[np.ndarray] = []
+    assert target.set_wait_work(work)
+    for expected_logits, got in zip(reference, answers(target)):
+        assert np.array_equal(expected_logits, got)
+    assert seen and all(pending for _, pending in seen)
+    assert any(inside for inside, _ in seen)  # from llama.cpp's eval callback, in the middle of its pass
+    assert all(np.array_equal(expected, got) for got in seen_logits)
+    assert target.wait_work_seconds > 0 and target.page_wait_seconds > 0, (len(seen), window.work_cost, window.read_cost)
+    target.set_wait_work(None)
+    target.close()
+    other.close()
+
+
+def test_work_longer_than_the_reads_is_not_run_again(tiny, reference):
+    """A piece of work measured to outlast the reads llama.cpp waits for is not started again: it
+    would delay the pass."""
+    target = streamed(tiny, kept=(OUTPUT_LAYER,), window=1)
+    calls = []
+    target.set_wait_work(lambda: (calls.append(1), time.sleep(2.0), 1)[2])
+    for expected, got in zip(reference, answers(target)):
+        assert np.array_equal(expected, got)
+    assert len(calls) <= 1
+    target.close()
+
+
+def test_the_drafter_grows_its_search_in_the_disk_waits(tiny, monkeypatch):
+    """The engine over a streamed target whose reads are slow: the drafter's best-first search grows
+    in the pass's waits (grow_step called from inside the pass), the next round starts from it, and
+    greedy output equals the target alone's; the time grown counts as drafting, not as the pass."""
+    from ondevice.draft.llama_drafter import LlamaDrafter
+    from ondevice.engine import SpecEngine, Step
+    from ondevice.protocols import DraftSpec
+
+    read = DirectWindow._read_piece
+    monkeypatch.setattr(DirectWindow, "_read_piece", lambda self, piece: (time.sleep(0.03), read(self, piece))[1])
+    drafter = LlamaDrafter(tiny, n_ctx=128, threads=1)
+    grown = []
+    step = drafter.grow_step
+    monkeypatch.setattr(drafter, "grow_step", lambda: (n := step(), grown.append(n))[0])
+
+    def run(target, with_drafter):
+        engine = SpecEngine(target, drafter if with_drafter else None, lambda token: False)
+        tokens, stats = [], None
+        for item in engine.generate([5, 17, 42, 9, 11, 23], 12, spec=DraftSpec("best-first", 6)):
+            if isinstance(item, Step):
+                tokens += item.tokens
+            else:
+                stats = item
+        return tokens, stats
+
+    plain = LlamaTarget(tiny, n_ctx=128, threads=1, max_tree_nodes=16, n_ubatch=64)
+    reference, _ = run(plain, False)
+    plain.close()
+    target = streamed(tiny, kept=(OUTPUT_LAYER,), window=1)
+    out, stats = run(target, True)
+    assert out == reference
+    assert sum(grown) > 0  # expanded in the waits
+    assert target.wait_work_seconds > 0 and stats.draft_seconds >= target.wait_work_seconds
+    assert target.window.wait_work is None  # cleared after each pass
+    target.close()
+    drafter.close()

@@ -97,6 +97,9 @@ class DraftRouter:
     def grow(self, should_stop) -> int:
         return self.model.grow(should_stop)
 
+    def grow_step(self) -> int:
+        return self.model.grow_step()
+
     @property
     def carried_fraction(self) -> float:
         return getattr(self.model, "carried_fraction", 0.0)

@@ -79,3 +79,13 @@ HELDOUT7_CHAT = [
     "What is the difference between a virus and a bacterium?",
     "How do noise-cancelling headphones work?",
 ]
+
+HELDOUT8_CODE = [  # written before drafting in the disk waits was measured (stop 35), measured once
+    "Write a Python function that converts a Roman numeral string to an integer, rejecting invalid input.",
+    "Write a C function that removes duplicate values from a sorted array in place and returns the new length.",
+]
+
+HELDOUT8_CHAT = [
+    "Why is the sky blue during the day and red at sunset?",
+    "What are good habits for keeping a small garden healthy through a dry summer?",
+]
