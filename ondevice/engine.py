@@ -24,6 +24,10 @@ from ondevice.tree import DraftTree
 from ondevice.verify import Sampling, verify
 
 
+WAIT_DRAFT_THREADS = 1  # the drafter's threads while a pass waits for a read: with both cores it starved the
+# threads that issue the reads (a 2-core VM: the waits did not shrink, the passes grew by the drafting)
+
+
 @dataclass
 class Step:
     tokens: list[int]  # emitted by this target pass (accepted drafts + the target's own token)
@@ -53,6 +57,7 @@ class Stats:
     accepted_drafts: int = 0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
+    wait_draft_seconds: float = 0.0  # of draft_seconds: drafting while a streamed pass waited for a read
     verify_seconds: float = 0.0  # target passes + verification + commit
     concurrent_seconds: float = 0.0  # drafting and a target pass ran at once (counted in both above)
     prepared_trees: int = 0  # trees drafted for a guessed outcome while the target verified
@@ -203,7 +208,7 @@ class SpecEngine:
         grows = (
             self.drafter is not None and spec is not None and spec.budget > 0
             and getattr(self.drafter, "grows", lambda spec: False)(spec)
-            and getattr(self.target, "set_wait_work", lambda work: False)(self.drafter.grow_step)
+            and getattr(self.target, "set_wait_work", lambda work: False)(lambda: self.drafter.grow_step(threads=WAIT_DRAFT_THREADS))
         )
         worked_before = getattr(self.target, "wait_work_seconds", 0.0)
         t0 = time.perf_counter()
@@ -216,6 +221,7 @@ class SpecEngine:
         work = getattr(self.target, "wait_work_seconds", 0.0) - worked_before
         stats.verify_seconds += seconds - work
         stats.draft_seconds += work
+        stats.wait_draft_seconds += work
         stats.pass_seconds.append((len(tree), seconds))  # the pass's wall time: what the planner prices it at
         return logits
 

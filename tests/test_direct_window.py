@@ -214,6 +214,17 @@ def test_work_runs_while_a_read_is_slow_and_changes_no_logits(tiny, reference, m
     other.close()
 
 
+def test_work_that_raises_is_dropped_and_llama_cpp_still_waits(tiny, reference, monkeypatch):
+    read = DirectWindow._read_piece
+    monkeypatch.setattr(DirectWindow, "_read_piece", lambda self, piece: (time.sleep(0.02), read(self, piece))[1])
+    target = streamed(tiny, kept=(OUTPUT_LAYER,), window=1)
+    target.set_wait_work(lambda: 1 / 0)
+    for expected, got in zip(reference, answers(target)):
+        assert np.array_equal(expected, got)  # a layer computed before its read ended would differ
+    assert "ZeroDivisionError" in target.window.work_failed and target.window.wait_work is None
+    target.close()
+
+
 def test_work_longer_than_the_reads_is_not_run_again(tiny, reference):
     """A piece of work measured to outlast the reads llama.cpp waits for is not started again: it
     would delay the pass."""
@@ -239,7 +250,7 @@ def test_the_drafter_grows_its_search_in_the_disk_waits(tiny, monkeypatch):
     drafter = LlamaDrafter(tiny, n_ctx=128, threads=1)
     grown = []
     step = drafter.grow_step
-    monkeypatch.setattr(drafter, "grow_step", lambda: (n := step(), grown.append(n))[0])
+    monkeypatch.setattr(drafter, "grow_step", lambda threads=None: (n := step(threads), grown.append(n))[0])
 
     def run(target, with_drafter):
         engine = SpecEngine(target, drafter if with_drafter else None, lambda token: False)
@@ -258,7 +269,10 @@ def test_the_drafter_grows_its_search_in_the_disk_waits(tiny, monkeypatch):
     out, stats = run(target, True)
     assert out == reference
     assert sum(grown) > 0  # expanded in the waits
-    assert target.wait_work_seconds > 0 and stats.draft_seconds >= target.wait_work_seconds
+    assert target.wait_work_seconds > 0 and stats.wait_draft_seconds == pytest.approx(target.wait_work_seconds)
+    assert stats.draft_seconds >= stats.wait_draft_seconds  # counted as drafting in the round's split
+    split = stats.round_split()
+    assert sum(split.values()) == pytest.approx(stats.decode_seconds)
     assert target.window.wait_work is None  # cleared after each pass
     target.close()
     drafter.close()

@@ -116,27 +116,32 @@ class ModelDrafter:
             return 0
         # One thread: llama.cpp's OpenMP team is per calling thread, and with more OpenMP threads than
         # cores libgomp cuts every team's spinning short — all decodes then ran ~25% slower.
-        ctx = self.cache.ctx
-        ctx.set_threads(1)
         grown = 0
-        try:
-            while not should_stop() and (step := self.grow_step()):
-                grown += step
-        finally:
-            ctx.set_threads(ctx.threads)
+        while not should_stop() and (step := self.grow_step(threads=1)):
+            grown += step
         return grown
 
-    def grow_step(self) -> int:
-        """One expansion (GROW_BATCH nodes) of the last best-first search, with the threads the drafter
-        has; 0: nothing left to grow. The target calls it while it waits for its layers (`wait_work`)."""
+    def grow_step(self, threads: int | None = None) -> int:
+        """One expansion (GROW_BATCH nodes) of the last best-first search, on `threads` threads (None:
+        the drafter's); 0: nothing left to grow. The target calls it while it waits for its layers
+        (`wait_work`)."""
         r = self.last_round
         if r is None or not getattr(self.cache, "carries", False):
             return 0
         alive = self.cache.expanded()
         room = min(GROW_BATCH, self.expander.free_capacity(), self.max_tree - len(alive))
         frontier = r.tree.unexpanded(room, alive) if room > 0 else []
-        for node, logp in zip(frontier, r.expand(frontier) if frontier else []):
-            r.add(node, logp, r.tree.k)  # all k children: the next round may be rooted anywhere
+        if not frontier:
+            return 0
+        ctx = self.cache.ctx
+        if threads is not None:
+            ctx.set_threads(threads)
+        try:
+            for node, logp in zip(frontier, r.expand(frontier)):
+                r.add(node, logp, r.tree.k)  # all k children: the next round may be rooted anywhere
+        finally:
+            if threads is not None:
+                ctx.set_threads(ctx.threads)
         return len(frontier)
 
     def probe_batch(self, n: int) -> None:

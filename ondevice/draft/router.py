@@ -97,8 +97,8 @@ class DraftRouter:
     def grow(self, should_stop) -> int:
         return self.model.grow(should_stop)
 
-    def grow_step(self) -> int:
-        return self.model.grow_step()
+    def grow_step(self, threads: int | None = None) -> int:
+        return self.model.grow_step(threads)
 
     @property
     def carried_fraction(self) -> float:

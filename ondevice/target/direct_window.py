@@ -146,6 +146,7 @@ class DirectWindow:
         self.pass_layers = 0
         self.wait_work: Callable[[], int] | None = None  # one small piece of other work; 0: none left
         self.work_cost = 0.0  # seconds one piece took (moving average; 0: not yet measured)
+        self.work_failed: str | None = None  # the error a piece of work raised (it is then dropped)
         self.read_cost = 0.0  # seconds a byte costs the disk, all readers busy (moving average)
         self.read_layers: set = set()  # streamed layers read at least once: their pages stay mapped over their slots
         start, end, _ = mapping
@@ -229,7 +230,11 @@ class DirectWindow:
     def _work(self) -> float:
         """Run one piece of wait_work (outside the lock); returns its seconds."""
         t0 = time.perf_counter()
-        if not self.wait_work():
+        try:
+            more = self.wait_work()
+        except Exception as err:  # noqa: BLE001 — llama.cpp must still wait for the read: drop the work, not the wait
+            self.work_failed, more = f"{type(err).__name__}: {err}", 0
+        if not more:
             self.wait_work = None  # nothing left to do this pass
         seconds = time.perf_counter() - t0
         self.work_cost = seconds if not self.work_cost else 0.8 * self.work_cost + 0.2 * seconds
