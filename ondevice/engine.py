@@ -24,10 +24,6 @@ from ondevice.tree import DraftTree
 from ondevice.verify import Sampling, verify
 
 
-WAIT_DRAFT_THREADS = 1  # the drafter's threads while a pass waits for a read: with both cores it starved the
-# threads that issue the reads (a 2-core VM: the waits did not shrink, the passes grew by the drafting)
-
-
 @dataclass
 class Step:
     tokens: list[int]  # emitted by this target pass (accepted drafts + the target's own token)
@@ -57,7 +53,6 @@ class Stats:
     accepted_drafts: int = 0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
-    wait_draft_seconds: float = 0.0  # of draft_seconds: drafting while a streamed pass waited for a read
     verify_seconds: float = 0.0  # target passes + verification + commit
     concurrent_seconds: float = 0.0  # drafting and a target pass ran at once (counted in both above)
     prepared_trees: int = 0  # trees drafted for a guessed outcome while the target verified
@@ -193,37 +188,17 @@ class SpecEngine:
     ) -> tuple[np.ndarray, Guess | None]:
         """The target's logits for `tree`; with overlap, and a guess from the drafter for the next round."""
         if not self.overlap or self.drafter is None or spec is None or spec.budget <= 0:
-            return self._forward_growing_in_waits(tree, spec, stats), None
+            t0 = time.perf_counter()
+            logits = self.target.forward_tree(tree)
+            seconds = time.perf_counter() - t0
+            stats.verify_seconds += seconds
+            stats.pass_seconds.append((len(tree), seconds))
+            return logits, None
         if self._worker is None:
             self._worker = Overlap(self.target, self.drafter)
         if getattr(self.drafter, "grows", lambda spec: False)(spec):  # a top-k best-first search: carry it
             return self._worker.verify_growing(tree, stats), None
         return self._worker.forward(tree, context, spec, room, tokens_left, stats)
-
-    def _forward_growing_in_waits(self, tree: DraftTree, spec: DraftSpec | None, stats: Stats) -> np.ndarray:
-        """target.forward_tree(tree); a target that waits for its layers' reads (direct reads from
-        disk) has the drafter grow this round's search meanwhile, on this thread, a piece at a time,
-        only while a read should outlast the piece (the next round then starts from it). The time
-        it grew counts as drafting in the round's split, not as the pass's verifying."""
-        grows = (
-            self.drafter is not None and spec is not None and spec.budget > 0
-            and getattr(self.drafter, "grows", lambda spec: False)(spec)
-            and getattr(self.target, "set_wait_work", lambda work: False)(lambda: self.drafter.grow_step(threads=WAIT_DRAFT_THREADS))
-        )
-        worked_before = getattr(self.target, "wait_work_seconds", 0.0)
-        t0 = time.perf_counter()
-        try:
-            logits = self.target.forward_tree(tree)
-        finally:
-            if grows:
-                self.target.set_wait_work(None)
-        seconds = time.perf_counter() - t0
-        work = getattr(self.target, "wait_work_seconds", 0.0) - worked_before
-        stats.verify_seconds += seconds - work
-        stats.draft_seconds += work
-        stats.wait_draft_seconds += work
-        stats.pass_seconds.append((len(tree), seconds))  # the pass's wall time: what the planner prices it at
-        return logits
 
     def generate(
         self,

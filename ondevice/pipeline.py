@@ -174,7 +174,6 @@ class Pipeline:
             "tokens_per_second": stats.tokens_per_second,
             "prefill_seconds": stats.prefill_seconds,
             "draft_seconds": stats.draft_seconds,
-            "wait_draft_seconds": stats.wait_draft_seconds,  # of draft_seconds: while a streamed pass waited for the disk
             "verify_seconds": stats.verify_seconds,
             "overhead_seconds": stats.overhead_seconds,
             "overlap_hits": stats.overlap_hits,

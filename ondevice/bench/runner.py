@@ -58,7 +58,7 @@ class BenchResult:
         own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "totals"}
         t = self.totals
         totals = {"tokens": t.tokens, "target_passes": t.target_passes, "drafted_nodes": t.drafted_nodes, "draft_seconds": t.draft_seconds,
-                  "wait_draft_seconds": t.wait_draft_seconds, "verify_seconds": t.verify_seconds, "decode_seconds": t.decode_seconds, "disk_read_bytes": t.disk_read_bytes}
+                  "verify_seconds": t.verify_seconds, "decode_seconds": t.decode_seconds, "disk_read_bytes": t.disk_read_bytes}
         return {**own, **totals, "tokens_per_pass": self.tokens_per_pass, "tokens_per_second": self.tokens_per_second,
                 "other_seconds": self.other_seconds, "draft_ms_per_pass": self.draft_ms_per_pass,
                 "bytes_read_per_pass": t.bytes_read_per_pass, "round_split_seconds": t.round_split(),

@@ -70,8 +70,6 @@ def stats_line(stats: Stats, pipe=None) -> str:
         parts = {name: seconds for name, seconds in stats.round_split().items() if seconds is not None}
         names = {"draft": "draft", "target_compute": "target", "disk_wait": "disk wait", "overhead": "other"}
         split = " · " + " / ".join(f"{names[n]} {100 * max(s, 0.0) / stats.decode_seconds:.0f}%" for n, s in parts.items())
-        if stats.wait_draft_seconds > 0:
-            split += f" (drafted in disk waits {100 * stats.wait_draft_seconds / stats.decode_seconds:.0f}%)"
         if stats.disk_utilization is not None:
             split += f" · disk busy {100 * stats.disk_utilization:.0f}%"
     return (

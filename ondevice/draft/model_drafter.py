@@ -112,37 +112,27 @@ class ModelDrafter:
         """Expand the best unexpanded nodes of the last best-first search until should_stop() or the
         planned tree size (memory plan) is reached; returns how many were expanded. Meant to run
         while the target verifies the tree that search gave (see the module docstring)."""
-        if self.last_round is None or not getattr(self.cache, "carries", False):
-            return 0
-        # One thread: llama.cpp's OpenMP team is per calling thread, and with more OpenMP threads than
-        # cores libgomp cuts every team's spinning short — all decodes then ran ~25% slower.
-        grown = 0
-        while not should_stop() and (step := self.grow_step(threads=1)):
-            grown += step
-        return grown
-
-    def grow_step(self, threads: int | None = None) -> int:
-        """One expansion (GROW_BATCH nodes) of the last best-first search, on `threads` threads (None:
-        the drafter's); 0: nothing left to grow. The target calls it while it waits for its layers
-        (`wait_work`)."""
         r = self.last_round
         if r is None or not getattr(self.cache, "carries", False):
             return 0
-        alive = self.cache.expanded()
-        room = min(GROW_BATCH, self.expander.free_capacity(), self.max_tree - len(alive))
-        frontier = r.tree.unexpanded(room, alive) if room > 0 else []
-        if not frontier:
-            return 0
+        # One thread: llama.cpp's OpenMP team is per calling thread, and with more OpenMP threads than
+        # cores libgomp cuts every team's spinning short — all decodes then ran ~25% slower.
         ctx = self.cache.ctx
-        if threads is not None:
-            ctx.set_threads(threads)
+        ctx.set_threads(1)
+        grown = 0
         try:
-            for node, logp in zip(frontier, r.expand(frontier)):
-                r.add(node, logp, r.tree.k)  # all k children: the next round may be rooted anywhere
+            while not should_stop():
+                alive = self.cache.expanded()
+                room = min(GROW_BATCH, self.expander.free_capacity(), self.max_tree - len(alive))
+                frontier = r.tree.unexpanded(room, alive) if room > 0 else []
+                if not frontier:
+                    break
+                for node, logp in zip(frontier, r.expand(frontier)):
+                    r.add(node, logp, r.tree.k)  # all k children: the next round may be rooted anywhere
+                grown += len(frontier)
         finally:
-            if threads is not None:
-                ctx.set_threads(ctx.threads)
-        return len(frontier)
+            ctx.set_threads(ctx.threads)
+        return grown
 
     def probe_batch(self, n: int) -> None:
         """Draft n nodes as the builders would (siblings, each on its own branch; more than max_batch,

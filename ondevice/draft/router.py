@@ -97,9 +97,6 @@ class DraftRouter:
     def grow(self, should_stop) -> int:
         return self.model.grow(should_stop)
 
-    def grow_step(self, threads: int | None = None) -> int:
-        return self.model.grow_step(threads)
-
     @property
     def carried_fraction(self) -> float:
         return getattr(self.model, "carried_fraction", 0.0)

@@ -20,13 +20,7 @@ and cgroup accounting, reclaim, mapping faults); and one stream of page-cache re
   all show what was read last, so
 - llama.cpp must never compute a streamed layer before its read ends: the eval callback of the layer
   before (and `before_decode`, before each llama_decode) blocks until it has; that blocking is the
-  pass's disk wait, timed exactly;
-- while it blocks, `wait_work` (the drafter growing its search, engine.py) runs there a piece at a
-  time, on llama.cpp's own thread between two of its graph's pieces, so with all the cores and none
-  taken from the pass, but only while the bytes still to read, at the disk's recent speed, should
-  outlast a piece (each piece's time and the reads' are moving averages): the work should end
-  before the read does. (A drafter in a thread of its own beside the pass took cores from it on
-  2 cores: README, "Larger than memory".)
+  pass's disk wait, timed exactly.
 
 Kept layers are read once into the page cache and stay there, MADV_NORMAL: the kernel may take some
 back near the memory limit (memory of our own it could not: read into a second memfd, the kept
@@ -47,7 +41,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.target.pass_split import PassSplit
@@ -142,12 +136,8 @@ class DirectWindow:
         self.closing = False
         self.waiting: dict[int, list] = {}  # streamed position → its reads, not yet waited for
         self.timed = False  # a pass is timed (pass_starts … pass_ends)
-        self.pass_start = self.pass_wait = self.pass_work = 0.0
+        self.pass_start = self.pass_wait = 0.0
         self.pass_layers = 0
-        self.wait_work: Callable[[], int] | None = None  # one small piece of other work; 0: none left
-        self.work_cost = 0.0  # seconds one piece took (moving average; 0: not yet measured)
-        self.work_failed: str | None = None  # the error a piece of work raised (it is then dropped)
-        self.read_cost = 0.0  # seconds a byte costs the disk, all readers busy (moving average)
         self.read_layers: set = set()  # streamed layers read at least once: their pages stay mapped over their slots
         start, end, _ = mapping
         self.mapping_span = Span(start, end - start, 0)
@@ -156,14 +146,14 @@ class DirectWindow:
 
     # --- llama.cpp's side -----------------------------------------------------------------------------
     def pass_starts(self) -> None:
-        self.timed, self.pass_start, self.pass_wait, self.pass_work, self.pass_layers = True, time.perf_counter(), 0.0, 0.0, 0
+        self.timed, self.pass_start, self.pass_wait, self.pass_layers = True, time.perf_counter(), 0.0, 0
 
     def pass_ends(self) -> PassSplit | None:
         """The pass since pass_starts: its time and the part of it llama.cpp waited for reads."""
         timed, self.timed = self.timed, False
         if not timed or self.failed:
             return None
-        return PassSplit(time.perf_counter() - self.pass_start, self.pass_wait, self.pass_layers, self.pass_work)
+        return PassSplit(time.perf_counter() - self.pass_start, self.pass_wait, self.pass_layers)
 
     def before_decode(self) -> None:
         """Before a llama_decode: the kept layers and its first layer must be read."""
@@ -192,53 +182,15 @@ class DirectWindow:
         return at + (self.streamed.index(layer) - at) % m
 
     def _await(self, layer) -> None:
-        """Block until the layer's read has ended; while it is far from ending, do `wait_work`."""
         if layer not in self.own:
             return
-        t0, worked = time.perf_counter(), 0.0
-        while True:
-            with self.cond:
-                position = self._position_of(layer, self.consumed)
-                if position in self.filled or self.failed is not None or self.closing:
-                    break
-                if not self._work_fits(position):
-                    self.cond.wait()
-                    continue
-            worked += self._work()
-        if self.timed:
-            self.pass_wait += time.perf_counter() - t0 - worked
-            self.pass_work += worked
-
-    def _work_fits(self, position: int) -> bool:
-        """Whether one piece of wait_work should end before the reads up to `position` do (by the
-        disk's recent speed): then the work costs llama.cpp no time."""
-        if self.wait_work is None or not self.read_cost:
-            return False
-        return self._bytes_left(position) * self.read_cost >= self.work_cost
-
-    def _bytes_left(self, position: int) -> int:
-        """Bytes still to read before `position`'s layer is in: its reads and those before it."""
-        left = 0
-        for p in range(self.consumed, position + 1):
-            if p in self.filled:
-                continue
-            size = sum(span.length for span in self.own[self.streamed[p % len(self.streamed)]])
-            reads = self.waiting.get(p)
-            left += size if reads is None else size * sum(not r.done() for r in reads) // max(len(reads), 1)
-        return left
-
-    def _work(self) -> float:
-        """Run one piece of wait_work (outside the lock); returns its seconds."""
         t0 = time.perf_counter()
-        try:
-            more = self.wait_work()
-        except Exception as err:  # noqa: BLE001 — llama.cpp must still wait for the read: drop the work, not the wait
-            self.work_failed, more = f"{type(err).__name__}: {err}", 0
-        if not more:
-            self.wait_work = None  # nothing left to do this pass
-        seconds = time.perf_counter() - t0
-        self.work_cost = seconds if not self.work_cost else 0.8 * self.work_cost + 0.2 * seconds
-        return seconds
+        with self.cond:
+            position = self._position_of(layer, self.consumed)
+            while position not in self.filled and self.failed is None and not self.closing:
+                self.cond.wait()
+        if self.timed:
+            self.pass_wait += time.perf_counter() - t0
 
     # --- the reader thread -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -263,11 +215,10 @@ class DirectWindow:
                 reads = {p: self._start(p) for p in starts}
                 self.waiting.update(reads)
                 if oldest is not None:
-                    for read in self.waiting.get(oldest, []):
+                    for read in self.waiting.pop(oldest, []):
                         read.result()
                     with self.cond:
                         self.filled.add(oldest)
-                        self.waiting.pop(oldest, None)
                         self.cond.notify_all()
         except Exception as err:  # noqa: BLE001 — whatever stops the reader, llama.cpp must not wait for it
             self._map_file_back(err)
@@ -324,7 +275,7 @@ class DirectWindow:
         """Start reading the position's layer into its slot (mapped there by _map_slot)."""
         layer = self.streamed[position % len(self.streamed)]
         self.read_layers.add(layer)
-        return [self.pool.submit(self._timed_read, piece) for span in self.own[layer] for piece in _pieces(span, CHUNK)]
+        return [self.pool.submit(self._read_piece, piece) for span in self.own[layer] for piece in _pieces(span, CHUNK)]
 
     @property
     def counted_twice_bytes(self) -> int:
@@ -342,13 +293,6 @@ class DirectWindow:
             if n <= 0:
                 raise OSError(f"short read of the model file at {piece.offset + done}")
             done += n
-
-    def _timed_read(self, piece: Span) -> None:
-        """_read_piece, and the disk's seconds per byte from it (READERS such reads share the disk)."""
-        t0 = time.perf_counter()
-        self._read_piece(piece)
-        cost = (time.perf_counter() - t0) / piece.length / READERS
-        self.read_cost = cost if not self.read_cost else 0.9 * self.read_cost + 0.1 * cost
 
     def _advise(self, span: Span, advice: int) -> None:
         advise(self.libc, span, advice)

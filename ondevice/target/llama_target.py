@@ -13,7 +13,7 @@ A tree can have at most `max_tree_leaves` leaves (llama.cpp's sequence limit, mi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -64,7 +64,6 @@ class LlamaTarget:
         self.window = open_window(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
         self.disk_stat = stat_file(model_path) if streams else None
         self.page_wait_seconds = 0.0  # the passes' waits for pages (measured with a window)
-        self.wait_work_seconds = 0.0  # the passes' time in wait_work (drafting while pages came)
         max_tree_nodes = min(max_tree_nodes, n_ctx)
         n_seq = min(LLAMA_MAX_SEQUENCES, max_tree_nodes)  # the main sequence and one per leaf
         self.ctx = LlamaContext(
@@ -127,17 +126,7 @@ class LlamaTarget:
         logits = np.array(self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool)))  # own copy: llama.cpp reuses its buffer
         if self.window is not None and (split := self.window.pass_ends()) is not None:
             self.page_wait_seconds += split.wait_seconds
-            self.wait_work_seconds += split.work_seconds
         return logits
-
-    def set_wait_work(self, work: Callable[[], int] | None) -> bool:
-        """Have work() — one small piece, returning 0 when nothing is left — run on this thread while
-        a pass waits for a layer's read, whenever the read should outlast it (direct reads only);
-        None: stop. False: this target has no such waits."""
-        if not hasattr(self.window, "wait_work") or self.window.failed is not None:
-            return False
-        self.window.wait_work = work
-        return True
 
     def stream_counters(self) -> StreamCounters | None:
         """Its passes' waits for pages and the disk's busy time so far (None: it does not stream)."""

@@ -35,11 +35,10 @@ class PassSplit:
     seconds: float  # the whole pass, start to finish
     wait_seconds: float  # of which waiting for pages from the disk
     layers: int  # layers reported during the pass
-    work_seconds: float = 0.0  # of which drafting while the pages came (DirectWindow's wait_work)
 
     @property
     def compute_seconds(self) -> float:
-        return self.seconds - self.wait_seconds - self.work_seconds
+        return self.seconds - self.wait_seconds
 
 
 def split_pass(start: float, layers: Sequence[LayerStretch], finish: float) -> PassSplit | None:
