@@ -89,3 +89,13 @@ HELDOUT8_CHAT = [
     "Why is the sky blue during the day and red at sunset?",
     "What are good habits for keeping a small garden healthy through a dry summer?",
 ]
+
+HELDOUT9_CODE = [  # written before the drafter's time was rescaled online (stop 35), measured once
+    "Write a Python function that merges overlapping intervals in a list of (start, end) pairs.",
+    "Write a JavaScript function that deep-clones a plain object containing arrays and nested objects.",
+]
+
+HELDOUT9_CHAT = [
+    "How do solar panels turn sunlight into electricity?",
+    "What are some good ways to prepare for a job interview?",
+]
