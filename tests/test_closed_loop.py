@@ -19,7 +19,6 @@ from ondevice.engine import RoundReport
 from ondevice.plan import auto as autoplan
 from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, load_book, save_book
 from ondevice.plan.curve import Curves, LatencyCurve
-from ondevice.plan.draft_times import RANGE, DraftTimes
 from ondevice.protocols import FREE_BUILDERS as FREE, DraftSpec
 from ondevice.tree import DraftTree
 from ondevice.verify import Sampling
@@ -173,55 +172,3 @@ def test_a_right_profile_keeps_the_target_alone_from_the_first_round(tmp_path, m
     assert sum(arm in ("target", *FREE) for arm in played) >= 0.95 * len(played)
     summary = planner.summary()
     assert summary["arm"]["name"] in ("target", *FREE) and summary["arm"]["measured_tokens_per_second"] == pytest.approx(1 / 0.032, rel=0.1)
-
-
-# --- the drafter's time, rescaled from the rounds (plan/draft_times.py) -----------------------------
-STREAMED = LatencyCurve((1, 2, 4, 8, 16, 32), (0.50, 0.50, 0.51, 0.52, 0.54, 0.58))  # a pass bound by the disk
-
-
-def test_drafting_dearer_than_its_forecast_is_learned_and_priced(tmp_path, monkeypatch):
-    """A streamed target's flat curve makes big trees look cheap; when every round's drafting takes
-    twice what its plan predicted (as best-first's did under 1.2 GB: 1.5x at @8, 2.2x at @31), the
-    planner learns the factor from the rounds and prices every tree's drafting with it."""
-    planner = make_planner(tmp_path, monkeypatch, STREAMED)
-    rng = np.random.default_rng(2)
-    spec = planner.spec(Sampling(), context=40)
-    forecast = {arm: p.draft_seconds for arm, p in planner.plans.items() if p.draft_seconds > 0}
-    context = 40
-    for _ in range(60):
-        plan = planner.plans[planner.playing]
-        budget = spec.budget if spec is not None and spec.builder not in FREE else 0
-        accepted = 0
-        while accepted < budget and rng.random() < 0.8:
-            accepted += 1
-        drafting = 2.0 * plan.draft_seconds / planner.draft_times.priced_at  # twice the forecast at scale 1
-        seconds = drafting + STREAMED(budget + 1) + 0.002
-        tree = DraftTree.chain(7, list(range(100, 100 + budget)))
-        planner.observe(RoundReport(tree, list(range(accepted + 1)), spec, STREAMED(budget + 1), seconds, context))
-        context += accepted + 1
-        spec = planner.replan()
-    assert planner.draft_times.scale == pytest.approx(2.0, rel=0.15)
-    assert planner.summary()["draft_scale"] == planner.draft_times.scale
-    assert planner.draft_times.priced_at == pytest.approx(planner.draft_times.scale, rel=0.2)  # priced again as it moved
-    for n in (1, 4, 16):  # every tree is priced with the drafter's curve × the scale
-        assert planner.curves.drafter(n) == pytest.approx(DRAFTER(n) * planner.draft_times.scale)
-    repriced = {arm: p.draft_seconds for arm, p in planner.plans.items() if arm in forecast}
-    assert repriced and all(repriced[arm] > 1.5 * forecast[arm] for arm in repriced)
-
-
-def test_draft_times_prior_fade_and_range():
-    times = DraftTimes()
-    assert times.scale == 1.0 and not times.moved()
-    times.observe(0.2, 0.1)  # one round at 2x: the prior (PRIOR seconds) holds most of it
-    assert 1.0 < times.scale < 1.3
-    for _ in range(200):
-        times.observe(0.2, 0.1)
-    assert times.scale == pytest.approx(2.0, rel=0.05) and times.moved()
-    for _ in range(400):
-        times.observe(0.1, 0.1)  # faded: the old rounds no longer count
-    assert times.scale == pytest.approx(1.0, rel=0.05)
-    for _ in range(400):
-        times.observe(10.0, 0.1)
-    assert times.scale == RANGE[1]
-    times.observe(-1.0, 0.1)  # a round whose time does not add up is not booked
-    assert times.scale == RANGE[1]

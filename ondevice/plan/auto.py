@@ -37,7 +37,6 @@ from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
 from ondevice.plan.cost_model import Plan, predict
 from ondevice.plan.curve import Curves, LatencyCurve, provisional_curve, upto
 from ondevice.plan.fallback import LookupTracker, lookup_plan, replay
-from ondevice.plan.draft_times import DraftTimes
 from ondevice.plan.model_arms import BuilderGains, model_plans
 from ondevice.plan.profile import Profile, get_profile, new_profile, profile_steps, save_profile, saved_profile
 from ondevice.plan.rescale import PassTimes, context_growth
@@ -86,7 +85,6 @@ class AutoPlanner:
         self.regime = regime_of(backends) if hasattr(backends, "profile_key") else "default"
         self.book = load_book(backends.pair, self.regime)
         self.overhead_per_pass = 0.0
-        self.draft_times = DraftTimes()  # the drafter's measured / predicted time per round (draft_times.py)
         self.guesses_hit = self.guesses_expected = 0.0  # overlap: trees drafted during a pass that were used, and predicted
         self.overlap_scale = 1.0  # overlapped rounds: measured / predicted seconds
         self.fixed_budget: int | None = None  # --budget with --tree auto: the drafter's trees at this budget only
@@ -127,7 +125,7 @@ class AutoPlanner:
         no profile yet)."""
         if self.profile is None:
             return None
-        return Curves(self.pass_times.curve(self.context), self.profile.curves.drafter.scaled(self.draft_times.scale))
+        return Curves(self.pass_times.curve(self.context), self.profile.curves.drafter)
 
     @property
     def hit_scale(self) -> float:
@@ -152,7 +150,7 @@ class AutoPlanner:
         if not trees:
             plans.update({arm: plan for arm, plan in self.plans.items() if family_of(arm) == "model"})
         else:
-            self._rounds_since_trees, self.draft_times.priced_at = 0, self.draft_times.scale
+            self._rounds_since_trees = 0
             if self.profile is not None and self.has_drafter:
                 plans.update(self._model_plans())
         self.plans = plans
@@ -240,7 +238,7 @@ class AutoPlanner:
         elif self._settling:  # the curve is learning the new regime: re-price as it does
             self._settling -= 1
             self.price(trees=self._settling == 0)
-        elif not self.prices.get("target", Price(None)).spt or self._rounds_since_trees >= REPRICE_ROUNDS or self.draft_times.moved():
+        elif not self.prices.get("target", Price(None)).spt or self._rounds_since_trees >= REPRICE_ROUNDS:
             self.price()
         elif self._rounds_since_price >= MIN_REPRICE_ROUNDS:
             now = np.asarray(self.pass_times.curve(self.context).seconds)
@@ -287,9 +285,6 @@ class AutoPlanner:
         plan = self.plans.get(arm)
         if family_of(arm) == "model" and plan is not None and plan.shape_tokens_per_pass is not None:
             self.gains.observe(plan.builder, plan.shape_tokens_per_pass - 1.0, len(report.path) - 1)
-        if family_of(arm) == "model" and self._last_family == "model" and plan is not None and not plan.overlap:
-            # the drafter had nothing to catch up on: the round beyond its pass is its drafting
-            self.draft_times.observe(report.round_seconds - report.pass_seconds - self.overhead_per_pass, plan.draft_seconds)
         switch = family_of(arm) == "model" and self._last_family not in (None, "model")  # the drafter caught up first
         spt_incumbent = self.book.incumbent_spt
         price = self.prices.get(arm, Price(None))
@@ -342,7 +337,7 @@ class AutoPlanner:
         ranked = self.book.ranked(self.prices)
         arms = [self._arm_summary(a) for a, _ in ranked[:2]]
         return {"arm": arms[0] if arms else None, "runner_up": arms[1] if len(arms) > 1 else None,
-                "answer_tokens_by_arm": dict(self.answer_tokens_by_arm), "profile": self.profile_state, "draft_scale": self.draft_times.scale,
+                "answer_tokens_by_arm": dict(self.answer_tokens_by_arm), "profile": self.profile_state,
                 "audit_share": self.book.audit_regret / self.book.decode_seconds if self.book.decode_seconds else 0.0}
 
     def _arm_summary(self, arm: str) -> dict:

@@ -55,7 +55,6 @@ class Plan:
     fallback_reason: str | None = None  # why the drafter model is not used (then: lookup or budget 0)
     hit_rate: float = 0.0  # predicted chance that the tree drafted during a pass is the next one (overlap)
     shape_tokens_per_pass: float | None = None  # the rank model's E before a builder's measured gain (model_arms.py)
-    draft_seconds: float = 0.0  # predicted drafting per round (0: no drafter model)
 
     @property
     def predicted_speedup(self) -> float:
@@ -135,8 +134,7 @@ def _priced_plans(
             if t_overlapped < t_pass:
                 t_pass, overlap = t_overlapped, True
         seconds_per_token = float(t_pass / tokens_per_pass)
-        yield Plan(builder, budget, depth, float(tokens_per_pass), 1.0 / seconds_per_token, target_only_tps, overlap, hit_rate=hit,
-                   draft_seconds=float(t_draft))
+        yield Plan(builder, budget, depth, float(tokens_per_pass), 1.0 / seconds_per_token, target_only_tps, overlap, hit_rate=hit)
 
 
 def priced_plans(curves: Curves, p_rank, overlap_possible: bool, budgets: Sequence[int] | None = None, max_depth: int = MAX_DEPTH,

@@ -37,10 +37,6 @@ class LatencyCurve:
         envelope = np.minimum.accumulate(np.asarray(self.seconds)[::-1])[::-1]
         return LatencyCurve(self.ns, tuple(float(t) for t in envelope))
 
-    def scaled(self, factor: float) -> "LatencyCurve":
-        """Every time × factor."""
-        return LatencyCurve(self.ns, tuple(t * factor for t in self.seconds))
-
     def to_dict(self) -> dict:
         return {"ns": list(self.ns), "seconds": list(self.seconds)}
 
