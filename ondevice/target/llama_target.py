@@ -139,7 +139,7 @@ class LlamaTarget:
     @property
     def rss_counted_twice(self) -> int:
         """Bytes of this process's resident memory the kernel counts more than once (the window's slots)."""
-        return getattr(self.window, "counted_twice_bytes", 0) if self.window is not None else 0
+        return getattr(self.window, "counted_twice_bytes", 0)  # 0 without a window, or with the page-cache one
 
     def commit(self, path: Sequence[int]) -> None:
         if self._pending is None:
