@@ -13,7 +13,7 @@ Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | promp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from ondevice.catalog.choose import choose
@@ -21,8 +21,12 @@ from ondevice.catalog.hub import PairFiles
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.draft.loader import with_lookup
-from ondevice.loading import Answers, LoadOptions, plan_load, profile_backends, streaming_profile
-from ondevice.plan.auto import AutoPlanner
+from ondevice.files.gguf_header import OUTPUT_LAYER
+from ondevice.loading import Answers, LoadOptions, LoadPlan, plan_load, profile_backends, streaming_profile
+from ondevice.plan.acceptance import AcceptanceTracker
+from ondevice.plan.arms import load_book
+from ondevice.plan.auto import AutoPlanner, regime_of
+from ondevice.plan.drafter_room import DrafterChoice, choose_drafter
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.memory import MemoryPlan
 from ondevice.plan.profile import ProfileBackends
@@ -227,8 +231,11 @@ def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None
     tokenizer = Tokenizer(files.target)
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
     plan = plan_load(opts, files, process, answers, tokenizer, status)
+    choice = None
     if plan.streams and files.drafter is not None:
-        streaming_profile(plan)  # measured apart: see there
+        profile = streaming_profile(plan)  # measured apart: see there
+        plan, choice = drafter_or_layers(plan, profile, process, answers, tokenizer, status)
+        files = plan.files
     drafter = None
     if files.drafter is not None:
         check_same_vocab(tokenizer, Tokenizer(files.drafter))
@@ -238,6 +245,28 @@ def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
     engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
     placement = target.placement_summary() if plan.memory is None else plan.memory.describe()
-    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None}
+    if choice is not None:
+        placement += f"; {choice.describe()}"
+    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None,
+            "drafter_choice": choice.to_dict() if choice is not None else None}
     return Pipeline(files, tokenizer, engine, plan.target_backend, placement=placement, info=info, backends=backends, memory=plan.memory,
                     overlap_choice=opts.overlap)
+
+
+def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | None, tokenizer: Tokenizer,
+                      status=None) -> tuple[LoadPlan, DrafterChoice | None]:
+    """A target that streams with the drafter: keep the drafter, or load without it and give its RAM
+    to the target's layers, whichever measured (or, the first time, is predicted) faster
+    (plan/drafter_room.py). Unless asked for the drafter (a --tree that needs it, --drafter)."""
+    opts, files = plan.options, plan.files
+    if opts.keep_drafter or opts.drafter is not None or profile is None:
+        return plan, None
+    lean = plan_load(opts, replace(files, drafter=None), process, answers, tokenizer, status)
+    if opts.keep_drafter is False:  # --drop-drafter
+        return lean, None
+    kept = plan.memory.kept_layers(plan.memory.ahead) if plan.memory is not None else ()
+    choice = choose_drafter(
+        profile, AcceptanceTracker.load(files.name).p_rank, load_book(files.name, regime_of(profile_backends(plan))),
+        load_book(files.name, regime_of(profile_backends(lean))), layers_with=len([k for k in kept if k != OUTPUT_LAYER]),
+    )
+    return (plan if choice is None or choice.keep else lean), choice

@@ -61,7 +61,7 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
         assert pipe.memory.target_in_ram and pipe.engine.target.window is None
         in_ram, _ = answer(pipe, spec)
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=True) as pipe:
         assert pipe.memory.streams and pipe.memory.sizes.max_tree <= 64
         assert pipe.engine.target.window is not None and pipe.engine.drafter.model.model.resident
         assert "streams from disk" in pipe.placement
@@ -78,10 +78,10 @@ def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them
     with ondevice.load("tiny", answers=answers, target_backend="llama", threads=1) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # in RAM: nothing to win
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=loading.DEFAULT_CTX) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=loading.DEFAULT_CTX, keep_drafter=True) as pipe:
         full, _ = answer(pipe, spec)
         full_plan = pipe.memory
-    with ondevice.load("tiny", answers=answers, target_backend="llama", drafter_backend="llama", threads=1) as pipe:
+    with ondevice.load("tiny", answers=answers, target_backend="llama", drafter_backend="llama", threads=1, keep_drafter=True) as pipe:
         n_ctx = pipe.engine.target.n_ctx
         need = len(pipe.encode_chat(MESSAGES)) + 24 + pipe.memory.sizes.max_tree + 1
         assert need <= n_ctx < need + 16 + 256 and n_ctx < loading.DEFAULT_CTX
@@ -109,11 +109,11 @@ def ship_tiny_keep_set(home, monkeypatch, name: str = "tiny"):
 def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(tiny_home, monkeypatch):
     drafter, keep = ship_tiny_keep_set(tiny_home, monkeypatch)
     assert shipped.shipped_keep_ids("tiny", "0" * 64) is None  # for another drafter file: nothing
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=True) as pipe:
         assert pipe.memory.target_in_ram and not pipe.engine.drafter.model.vocab_trimmed
     assert build.find_trimmed(drafter) is None  # in RAM the full drafter drafts: nothing written
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=True) as pipe:
         assert pipe.memory.streams and pipe.engine.drafter.model.vocab_trimmed
         trimmed, record = build.trimmed_paths(drafter)
         assert pipe.memory.drafter_bytes == trimmed.stat().st_size < drafter.stat().st_size
@@ -143,7 +143,7 @@ def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(t
         measured.drafters = {"llama": FAST_DRAFT if faster == "llama" else SLOW_DRAFT, "onnx": FAST_DRAFT if faster == "onnx" else SLOW_DRAFT}
         measured.curves = measured.curves_for("llama", faster)
         save_profile(measured)
-        with ondevice.load("tiny", threads=1, ctx=256) as pipe:
+        with ondevice.load("tiny", threads=1, ctx=256, keep_drafter=True) as pipe:
             assert pipe.memory.streams and pipe.info["drafter_backend"] == faster and pipe.target_backend == "llama"
             spec = pipe.resolve(DraftSpec("auto", 0), Sampling())
             assert spec is not None and spec.builder != "lookup"  # a flat, disk-bound curve: the drafter drafts
@@ -172,7 +172,7 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
         raise AssertionError("a streaming target's profile is measured in a child process, not in the one that serves")
 
     monkeypatch.setattr(profile_store, "measure_profile", not_here)
-    with ondevice.load("deep", threads=1, ctx=256) as pipe:
+    with ondevice.load("deep", threads=1, ctx=256, keep_drafter=True) as pipe:
         assert pipe.info["drafter_backend"] == "llama" and pipe.engine.drafter.model.vocab_trimmed
         assert pipe.memory.bytes_read_per_pass == trimmed.bytes_read_per_pass
         pipe.resolve(DraftSpec("auto", 0), Sampling())  # uses the profile the child measured and saved
@@ -182,5 +182,5 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     measured.targets = {"llama": DISK_BOUND}
     measured.drafters = {"llama": SLOW_DRAFT, "onnx": FAST_DRAFT}  # ONNX Runtime drafting faster does not win back the RAM
     save_profile(measured)
-    with ondevice.load("deep", threads=1, ctx=256) as pipe:
+    with ondevice.load("deep", threads=1, ctx=256, keep_drafter=True) as pipe:
         assert pipe.info["drafter_backend"] == "llama"

@@ -16,7 +16,7 @@ from ondevice.bench import llamacpp_rows
 from ondevice.bench.measured import record_bench
 from ondevice.bench.runner import BenchResult, best_of_sweep, config_name, count_same, forget_session, keep_fastest, run_config
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import console, err, load_pipeline, make_spec, rounds_text
+from ondevice.cli.decoding import console, err, keeping_drafter, load_pipeline, make_spec, rounds_text
 from ondevice.cli.profile_cmd import curves_table
 from ondevice.errors import OndeviceError
 from ondevice.loading import Answers, LoadOptions
@@ -243,6 +243,7 @@ def bench(
     specs += [make_spec(t, b, False, sampling) for t in tree_list if t != "auto" for b in budget_list]
     if not load.draft:  # --no-draft: only the target-alone row
         specs = [None]
+    load = keeping_drafter(load, specs)
     pairs = parse_backends(backends) if backends else [None]
     texts = prompt_sets.SETS[prompt_set][: limit or None]
     answers = Answers(tuple(texts), max_tokens)  # a streaming target's context is sized to them

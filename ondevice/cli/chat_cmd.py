@@ -16,7 +16,7 @@ from dataclasses import asdict
 import typer
 
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import Decoding, console, err, load_pipeline, make_spec, stats_line
+from ondevice.cli.decoding import Decoding, console, err, keeping_drafter, load_pipeline, make_spec, stats_line
 from ondevice.cli.terminal import LineReader, ctrl_c_stops_the_answer
 from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
@@ -88,8 +88,8 @@ def chat(
     """Chat with the model in the terminal (downloads the default pair on first use)."""
     settings = {**asdict(decoding), "system": system}
     no_draft = not load.draft
-    decoding.spec(load.draft)  # bad options fail before loading
-    with load_pipeline(load) as pipe:
+    spec = decoding.spec(load.draft)  # bad options fail before loading
+    with load_pipeline(keeping_drafter(load, [spec])) as pipe:
         err.print(f"[dim]{pipe.pair.description} · {pipe.placement_line()} · /help for commands, /bye to exit[/]")
         converse(pipe, settings, no_draft)
 

@@ -4,7 +4,7 @@ after each answer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 
@@ -13,7 +13,7 @@ from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
 from ondevice.loading import Answers, LoadOptions
 from ondevice.pipeline import Pipeline
-from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, MAX_BUDGET, DraftSpec
+from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, MAX_BUDGET, MODEL_BUILDERS, DraftSpec
 from ondevice.verify import Sampling
 
 console = Console(highlight=False)
@@ -106,6 +106,16 @@ def _arm_text(arm: dict) -> str:
     measured = f"{arm['measured_tokens_per_second']:.1f} tok/s measured" if arm["measured_tokens_per_second"] else "not measured"
     predicted = f", {arm['predicted_tokens_per_second']:.1f} predicted" if arm["predicted_tokens_per_second"] else ""
     return f"{name} {measured}{predicted}"
+
+
+def keeping_drafter(load: LoadOptions, specs) -> LoadOptions:
+    """The load options, with the drafter model kept where one of `specs` needs it (a tree of the
+    drafter's builders, or auto held to --budget): otherwise a target streaming from disk may load
+    without it, its RAM given to the target's layers (plan/drafter_room.py)."""
+    needs = any(s is not None and (s.builder in MODEL_BUILDERS or (s.builder == "auto" and s.budget)) for s in specs)
+    if needs and load.keep_drafter is False:
+        raise OndeviceError("--drop-drafter leaves out the drafter model that this --tree needs; drop one of them.")
+    return replace(load, keep_drafter=True) if needs else load
 
 
 def load_pipeline(load: LoadOptions, answers: Answers | None = None) -> Pipeline:

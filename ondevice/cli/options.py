@@ -63,11 +63,15 @@ Overlap = Annotated[
     Optional[bool],
     typer.Option("--overlap/--no-overlap", help="Draft the next tree while the target verifies (default: when the target is on a GPU)."),
 ]
+KeepDrafter = Annotated[
+    Optional[bool],
+    typer.Option("--keep-drafter/--drop-drafter", help="A target streaming from disk: load the drafter model anyway, or leave it out and give its RAM to the target's layers (free drafts stay on). Default: whichever measured faster here."),
+]
 
 LOAD_FLAGS = {  # LoadOptions field -> its flag (`device` has none: the torch target's device, for the Python API)
     "model": Model, "target": TargetModel, "drafter": DrafterModel, "target_backend": TargetBackend, "drafter_backend": DrafterBackend,
     "draft": Draft, "vocab_trim": VocabTrim, "threads": Threads, "ctx": Ctx, "gpu_memory": GpuMemory, "ram_memory": RamMemory,
-    "overlap": Overlap,
+    "overlap": Overlap, "keep_drafter": KeepDrafter,
 }
 DECODING_FLAGS = {  # Decoding field -> its flag
     "max_tokens": MaxTokens, "temperature": Temperature, "top_p": TopP, "top_k": TopK, "seed": Seed, "tree": Tree, "budget": Budget,

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import Decoding, err, load_pipeline, stats_line
+from ondevice.cli.decoding import Decoding, err, keeping_drafter, load_pipeline, stats_line
 from ondevice.engine import Stats
 from ondevice.loading import Answers, LoadOptions
 
@@ -25,7 +25,7 @@ def generate(
 ) -> None:
     """Generate one answer for PROMPT and exit."""
     sampling, spec, think, max_tokens = decoding.sampling, decoding.spec(load.draft), decoding.think, decoding.max_tokens
-    pipe = load_pipeline(load, Answers((prompt,), max_tokens))  # a streaming target's context is sized to them
+    pipe = load_pipeline(keeping_drafter(load, [spec]), Answers((prompt,), max_tokens))  # a streaming target's context is sized to them
     if think is not None and not pipe.tokenizer.can_switch_thinking:
         err.print(f"[dim]{pipe.pair.target.name}'s chat template has no thinking switch: --{'' if think else 'no-'}think changes nothing[/]")
     ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}], think=think)

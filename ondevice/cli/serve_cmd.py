@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import err, load_pipeline, make_spec
+from ondevice.cli.decoding import err, keeping_drafter, load_pipeline, make_spec
 from ondevice.errors import OndeviceError
 from ondevice.loading import LoadOptions
 from ondevice.sizes import parse_size
@@ -51,7 +51,7 @@ def serve(
     if not is_loopback(host) and not api_key:
         err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can reach this machine can use the model.", soft_wrap=True)
     sock = bind(host, port)
-    pipe = load_pipeline(load)
+    pipe = load_pipeline(keeping_drafter(load, [spec]))
     try:
         if spec is not None and spec.builder == "auto":
             pipe.resolve(spec, sampling)  # profile this machine now (once), not during the first request

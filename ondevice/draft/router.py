@@ -61,7 +61,7 @@ class DraftRouter:
             return self.model.draft(context, spec, free) if self.model is not None else for_rule(
                 free, spec.sample_children, spec.temperature, self.lookup.n_vocab)
         if self.model is None:
-            raise OndeviceError(f"the {spec.builder} tree needs the drafter model, which is not loaded; use --tree lookup.")
+            raise OndeviceError(f"the {spec.builder} tree needs the drafter model, which is not loaded (--no-draft, or left out to keep more of a streaming target's layers in RAM: start with --tree {spec.builder} to load it); use --tree lookup.")
         return self.model.draft(context, spec)
 
     def free_tree(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:

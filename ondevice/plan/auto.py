@@ -56,8 +56,10 @@ FRESH_PASSES = 16  # pass times this recent bound what the target alone could do
 
 
 def regime_of(backends) -> str:
-    """What measured rates depend on besides the machine and the pair: backends, in RAM or streamed."""
-    return f"{backends.profile_key}-{backends.target_name}-{backends.drafter_name}"
+    """What measured rates depend on besides the machine and the pair: backends, in RAM or streamed,
+    with or without the drafter model (the free drafters only: "none")."""
+    drafter = backends.drafter_name if getattr(backends, "make_decode_batch", None) is not None else "none"
+    return f"{backends.profile_key}-{backends.target_name}-{drafter}"
 
 
 class AutoPlanner:

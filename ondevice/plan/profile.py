@@ -91,6 +91,7 @@ class Profile:
     busy: bool = False  # some size had no sample undisturbed by other processes: measure again later
     others_cores: float = 0.0  # what other processes used during the disturbed samples
     target_context: int = 64  # tokens of context the target passes were timed over
+    alone: dict | None = None  # streaming pairs: the target's 1-token pass without the drafter (plan/drafter_room.AlonePass)
 
     def curves_for(self, target: str, drafter: str) -> Curves:
         return Curves(self.targets[target], self.drafters[drafter])
@@ -102,7 +103,8 @@ class Profile:
                 "targets": curves(self.targets), "drafters": curves(self.drafters), "skipped": self.skipped,
                 "model_files": self.model_files, "overlap_possible": self.overlap_possible,
                 "created": self.created, "measure_seconds": self.measure_seconds, "target_placement": self.target_placement,
-                "busy": self.busy, "others_cores": self.others_cores, "target_context": self.target_context}  # fmt: skip
+                "busy": self.busy, "others_cores": self.others_cores, "target_context": self.target_context,
+                "alone": self.alone}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
@@ -112,7 +114,7 @@ class Profile:
         return cls(d["pair"], d["backend"], MachineFacts.from_dict(d["machine"]), Bandwidths(**d["bandwidths"]),
                    Curves.from_dict(d["curves"]), d["model_files"], d["overlap_possible"], d["created"], d["measure_seconds"],
                    curves(d["targets"]), curves(d["drafters"]), d.get("skipped", {}), d.get("target_placement", "ram"),
-                   bool(d.get("busy", False)), float(d.get("others_cores", 0.0)), int(d.get("target_context", 64)))  # fmt: skip
+                   bool(d.get("busy", False)), float(d.get("others_cores", 0.0)), int(d.get("target_context", 64)), d.get("alone"))  # fmt: skip
 
 
 def profile_path(fingerprint: str, pair: str, backend: str) -> Path:

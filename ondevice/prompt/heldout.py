@@ -99,3 +99,13 @@ HELDOUT9_CHAT = [
     "How do solar panels turn sunlight into electricity?",
     "What are some good ways to prepare for a job interview?",
 ]
+
+HELDOUT10_CODE = [  # written before the drafter-or-kept-layers choice was built (stop 36), measured once
+    "Write a Python function that returns the n most common words in a text file, ignoring case and punctuation.",
+    "Write a TypeScript function that debounces another function by a given number of milliseconds.",
+]
+
+HELDOUT10_CHAT = [
+    "What is the difference between weather and climate?",
+    "How can I get better at remembering people's names?",
+]

@@ -1,0 +1,91 @@
+"""The drafter's RAM or more of the target's layers: which pays, where the target streams from disk.
+
+Under a memory limit the drafter's weights and buffers (~300 MB for the default pair) take room the
+target's layers would otherwise keep in the page cache. Without the drafter a streamed pass reads
+less (1.2 GB cgroup, default pair: 20 of 28 layers kept and 225–248 MB read per pass, against 563 MB
+with the drafter), so one token per pass can beat several per dearer pass: on a fast disk, where a
+speculative round is bound by the 2 cores, `--no-draft` ran heldout8 chat at 10.65 / 7.81 tok/s
+against 4.82 / 6.84 for best-first @8 with the drafter (README, "Larger than memory").
+
+So where the target streams with the drafter, the load compares two rates, measured where it can:
+
+    with the drafter     the fastest arm the planner's book measured in that regime (plan/arms.py,
+                         ≥ MEASURED_TOKENS tokens), else the cost model's best plan on the streaming
+                         profile (a prediction: the first load of a pair)
+    without it           the fastest arm measured in the drafter-less regime (the target alone and
+                         the free drafters: prompt lookup, suffix, recycling), else the target's
+                         1-token pass under the drafter-less memory plan, timed in the profile's
+                         child process (`AlonePass`, loading.streaming_profile)
+
+and loads the drafter only where it is faster. Free drafts stay on either way: they need no RAM.
+`--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ondevice.plan.arms import ArmBook
+from ondevice.plan.cost_model import choose_plan
+
+MEASURED_TOKENS = 24.0  # an arm's (faded) tokens before its measured rate is trusted over a prediction
+
+
+@dataclass(frozen=True)
+class AlonePass:
+    """The target's 1-token pass under the memory plan without the drafter, as the profile timed it."""
+
+    seconds: float
+    bytes_read_per_pass: int
+    kept_layers: int
+    in_ram: bool
+    busy: bool = False  # other processes disturbed every sample
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "AlonePass | None":
+        return None if d is None else cls(float(d["seconds"]), int(d["bytes_read_per_pass"]), int(d["kept_layers"]),
+                                          bool(d["in_ram"]), bool(d.get("busy", False)))
+
+
+@dataclass(frozen=True)
+class DrafterChoice:
+    keep: bool
+    with_drafter: float  # tok/s
+    without: float  # tok/s
+    with_source: str  # "measured" (the planner's book) or "predicted" (cost model on the profile)
+    without_source: str  # "measured" (book) or "timed" (the profile's alone pass)
+    layers_with: int = 0  # target layers kept cached with the drafter
+    layers_without: int = 0
+
+    def describe(self) -> str:
+        verdict = "drafter loaded" if self.keep else "drafter left out"
+        return (f"{verdict}: with it {self.with_drafter:.2f} tok/s ({self.with_source}, {self.layers_with} layers kept), "
+                f"without it {self.without:.2f} tok/s ({self.without_source}, {self.layers_without} layers kept)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def best_measured(book: ArmBook, min_tokens: float = MEASURED_TOKENS) -> float | None:
+    """Tokens per second of the fastest arm the book measured enough of, or None."""
+    rates = [t.tokens / t.seconds for t in book.arms.values() if t.tokens >= min_tokens and t.seconds > 0]
+    return max(rates, default=None)
+
+
+def choose_drafter(profile, p_rank, book_with: ArmBook, book_without: ArmBook, layers_with: int = 0) -> DrafterChoice | None:
+    """Keep the drafter, or leave it out for the layers its RAM would keep (module docstring). None:
+    nothing to compare (no drafter-less pass timed)."""
+    alone = AlonePass.from_dict(getattr(profile, "alone", None))
+    if alone is None or alone.seconds <= 0:
+        return None
+    measured_with = best_measured(book_with)
+    if measured_with is not None:
+        with_drafter, with_source = measured_with, "measured"
+    else:
+        with_drafter, with_source = choose_plan(profile.curves, p_rank, overlap_possible=False).predicted_tokens_per_second, "predicted"
+    measured_without = best_measured(book_without)
+    without, without_source = (measured_without, "measured") if measured_without is not None else (1.0 / alone.seconds, "timed")
+    return DrafterChoice(with_drafter > without, with_drafter, without, with_source, without_source, layers_with, alone.kept_layers)

@@ -1,0 +1,134 @@
+"""The drafter's RAM or the target's layers (plan/drafter_room.py): the comparison trusts what was
+measured over what is predicted, and on a tiny pair whose target streams, the load leaves the
+drafter out where the target alone measured faster — its answers still the target alone's — and
+keeps it where speculation measured faster, or where asked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import ondevice
+from ondevice import loading, pipeline
+from ondevice.cli.decoding import keeping_drafter
+from ondevice.errors import OndeviceError
+from ondevice.plan.acceptance import default_p_rank
+from ondevice.plan.arms import ArmBook, Tally, book_path, load_book, save_book
+from ondevice.plan.auto import regime_of
+from ondevice.plan.cost_model import choose_plan
+from ondevice.plan.curve import Curves
+from ondevice.plan.drafter_room import MEASURED_TOKENS, AlonePass, best_measured, choose_drafter
+from ondevice.plan.profile import Profile
+from ondevice.protocols import DraftSpec
+
+from test_backends import FAST_DRAFT, curve
+from test_streaming_pipeline import MESSAGES, answer, stream_tiny_target, tiny_home  # noqa: F401 - a fixture
+
+DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 1.02})
+
+
+class Saved:
+    """What choose_drafter reads of a profile: its curves and the drafter-less pass."""
+
+    def __init__(self, alone: AlonePass | None):
+        self.curves = Curves(DISK_BOUND, FAST_DRAFT)
+        self.alone = alone.to_dict() if alone is not None else None
+
+
+def book(**arms: tuple[float, float]) -> ArmBook:
+    """A book whose arms measured (tokens, seconds)."""
+    return ArmBook(arms={name: Tally(tokens=t, seconds=s, rounds=t) for name, (t, s) in arms.items()})
+
+
+ALONE = AlonePass(seconds=0.25, bytes_read_per_pass=200 << 20, kept_layers=20, in_ram=False)
+
+
+def test_no_drafter_less_pass_timed_means_nothing_to_compare():
+    assert choose_drafter(Saved(None), default_p_rank(), ArmBook(), ArmBook()) is None
+
+
+def test_an_arm_is_trusted_once_measured_enough():
+    assert best_measured(book(target=(MEASURED_TOKENS - 1, 1.0))) is None
+    assert best_measured(book(target=(40, 10.0), **{"best-first@8": (60, 10.0)})) == pytest.approx(6.0)
+
+
+def test_measured_speculation_slower_than_the_timed_target_alone_leaves_the_drafter_out():
+    choice = choose_drafter(Saved(ALONE), default_p_rank(), book(**{"best-first@8": (60, 20.0)}), ArmBook(), layers_with=9)
+    assert not choice.keep and choice.with_source == "measured" and choice.without_source == "timed"
+    assert choice.with_drafter == pytest.approx(3.0) and choice.without == pytest.approx(4.0)
+    assert "drafter left out" in choice.describe() and "9 layers" in choice.describe() and "20 layers" in choice.describe()
+
+
+def test_measured_speculation_faster_keeps_the_drafter():
+    choice = choose_drafter(Saved(ALONE), default_p_rank(), book(**{"best-first@8": (60, 6.0)}), ArmBook())
+    assert choice.keep and choice.with_drafter == pytest.approx(10.0)
+
+
+def test_what_the_drafter_less_regime_measured_beats_its_timed_pass():
+    without = book(target=(30, 30.0), lookup=(40, 8.0))  # 1 and 5 tok/s measured, against 4 timed
+    choice = choose_drafter(Saved(ALONE), default_p_rank(), book(**{"best-first@8": (60, 13.0)}), without)
+    assert choice.without_source == "measured" and choice.without == pytest.approx(5.0) and not choice.keep
+
+
+def test_with_nothing_measured_the_cost_model_predicts_speculation():
+    choice = choose_drafter(Saved(ALONE), default_p_rank(), ArmBook(), ArmBook())
+    predicted = choose_plan(Curves(DISK_BOUND, FAST_DRAFT), default_p_rank(), overlap_possible=False).predicted_tokens_per_second
+    assert choice.with_source == "predicted" and choice.with_drafter == pytest.approx(predicted)
+    assert choice.keep == (predicted > 4.0)
+
+
+def test_a_tree_that_needs_the_drafter_keeps_it_and_contradicts_drop_drafter():
+    load = loading.LoadOptions()
+    assert keeping_drafter(load, [DraftSpec("auto", 0), None]).keep_drafter is None  # the load decides
+    assert keeping_drafter(load, [DraftSpec("lookup", 8)]).keep_drafter is None  # free drafts need no model
+    assert keeping_drafter(load, [DraftSpec("best-first", 8)]).keep_drafter is True
+    assert keeping_drafter(load, [DraftSpec("auto", 8)]).keep_drafter is True  # auto held to --budget: the drafter's trees
+    with pytest.raises(OndeviceError, match="--drop-drafter"):
+        keeping_drafter(loading.LoadOptions(keep_drafter=False), [DraftSpec("chain", 4)])
+
+
+def test_a_regime_without_the_drafter_model_is_booked_apart():
+    class Backends:
+        profile_key, target_name, drafter_name = "cpu-t2-stream", "llama", "llama"
+        make_decode_batch = staticmethod(lambda n: None)
+
+    class Lean(Backends):
+        make_decode_batch = None
+
+    assert regime_of(Backends()) == "cpu-t2-stream-llama-llama" and regime_of(Lean()) == "cpu-t2-stream-llama-none"
+
+
+def regimes(home) -> tuple[str, str]:
+    """The planner's regimes of the tiny pair streamed with its drafter and without it."""
+    opts = loading.LoadOptions(model="tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
+    files = pipeline.choose("tiny", None, None, True)
+    plan = loading.plan_load(opts, files, 200 << 20)
+    lean = loading.plan_load(opts, loading.replace(files, drafter=None), 200 << 20)
+    return regime_of(loading.profile_backends(plan)), regime_of(loading.profile_backends(lean))
+
+
+def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_measured_faster(tiny_home, monkeypatch):  # noqa: F811
+    stream_tiny_target(tiny_home, monkeypatch)
+    load = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
+    with ondevice.load("tiny", draft=False, **load) as alone:
+        reference, _ = answer(alone, None)
+    with_drafter, without = regimes(tiny_home)
+    save_book(book(**{"best-first@8": (100, 1000.0)}), "tiny", with_drafter)  # speculation measured 0.1 tok/s here
+    with ondevice.load("tiny", **load) as pipe:
+        (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+        alone_pass = AlonePass.from_dict(Profile.from_dict(json.loads(saved.read_text())).alone)
+        assert alone_pass.seconds > 0  # timed in the profile's child process, under the drafter-less plan
+        assert pipe.engine.drafter.model is None and pipe.memory.drafter_bytes == 0
+        assert pipe.info["drafter_choice"]["keep"] is False and "drafter left out" in pipe.placement
+        assert pipe.auto_planner().regime == without
+        lean, _ = answer(pipe, DraftSpec("auto", 0))  # free drafts stay on
+        with pytest.raises(OndeviceError, match="--tree best-first to load it"):
+            answer(pipe, DraftSpec("best-first", 4))
+    assert lean == reference
+    save_book(book(**{"best-first@8": (1000, 1.0)}), "tiny", with_drafter)  # measured 1000 tok/s: it pays
+    assert load_book("tiny", with_drafter).arms["best-first@8"].tokens > 0 and book_path("tiny", with_drafter).exists()
+    with ondevice.load("tiny", **load) as pipe:
+        assert pipe.engine.drafter.model is not None and pipe.info["drafter_choice"]["keep"] is True
+    with ondevice.load("tiny", keep_drafter=False, **load) as pipe:  # --drop-drafter
+        assert pipe.engine.drafter.model is None
