@@ -13,7 +13,8 @@ Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | promp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import sys
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Iterator
 
 from ondevice.catalog.choose import choose
@@ -26,7 +27,7 @@ from ondevice.loading import Answers, LoadOptions, LoadPlan, plan_load, profile_
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import load_book
 from ondevice.plan.auto import AutoPlanner, regime_of
-from ondevice.plan.drafter_room import DrafterChoice, choose_drafter
+from ondevice.plan.drafter_room import DrafterChoice, best_measured, choose_drafter
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.memory import MemoryPlan
 from ondevice.plan.profile import ProfileBackends
@@ -59,6 +60,32 @@ class Pipeline:
     plan: Plan | None = None  # the planner's plan for the last answer; None when the caller chose the tree
     memory: MemoryPlan | None = None  # where a llama.cpp target lives and how the buffers are sized
     overlap_choice: bool | None = None  # --overlap/--no-overlap; None: as the plan says
+    drafter_choice: DrafterChoice | None = None  # a target streaming from disk: the drafter kept or left out, and why
+    reload: Callable[[], "Pipeline"] | None = None  # this load again with the drafter left out
+
+    def note_choice(self, choice: DrafterChoice | None) -> None:
+        self.drafter_choice = choice
+        self.info["drafter_choice"] = choice.to_dict() if choice is not None else None
+        if choice is not None:
+            self.placement += f"; {choice.describe()}"
+
+    def _leave_out_drafter_measured_slower(self) -> None:
+        """After an answer: a drafter kept on a prediction (nothing measured yet) that the planner has
+        since measured slower than the target alone was timed without it is left out now, as the next
+        load would leave it out: the models are loaded again, its RAM given to the target's layers."""
+        choice = self.drafter_choice
+        if choice is None or not choice.keep or choice.with_source != "predicted" or self.planner is None or self.reload is None:
+            return
+        measured = best_measured(self.planner.book)
+        if measured is None or measured > choice.without:
+            return
+        print(f"ondevice: speculation measured {measured:.2f} tok/s here, the target alone without the drafter "
+              f"{choice.without:.2f}: loading again without the drafter", file=sys.stderr)
+        self.close()
+        lean = self.reload()
+        for f in fields(Pipeline):
+            setattr(self, f.name, getattr(lean, f.name))
+        self.note_choice(replace(choice, keep=False, with_drafter=measured, with_source="measured"))
 
     def resolve(self, spec: DraftSpec | None, sampling: Sampling, context: int = 0) -> DraftSpec | None:
         """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only)
@@ -162,6 +189,7 @@ class Pipeline:
                 if planner is not None:
                     planner.finish(item, list(prompt_ids) + answer)
                 yield Record(decoder.flush(), [], 0, stats=item)
+        self._leave_out_drafter_measured_slower()
 
     def peak_rss(self) -> int:
         """This process's peak resident memory, a streaming target's shared slots counted once."""
@@ -189,6 +217,7 @@ class Pipeline:
             "planner": self.planner.summary() if self.plan is not None and self.planner is not None else None,
             "rounds_by_config": stats.rounds_by_config,
             **_placement_json(self.engine.target, self.memory),
+            "drafter_choice": self.info.get("drafter_choice"),  # a streaming target: the drafter kept or left out, and why
             "peak_rss_bytes": self.peak_rss(),  # this process's own footprint (its memory and mapped pages)
             "anon_rss_bytes": anon_rss(),
             "disk_read_bytes": stats.disk_read_bytes,  # read from storage while decoding
@@ -245,12 +274,11 @@ def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
     engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
     placement = target.placement_summary() if plan.memory is None else plan.memory.describe()
-    if choice is not None:
-        placement += f"; {choice.describe()}"
-    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None,
-            "drafter_choice": choice.to_dict() if choice is not None else None}
-    return Pipeline(files, tokenizer, engine, plan.target_backend, placement=placement, info=info, backends=backends, memory=plan.memory,
-                    overlap_choice=opts.overlap)
+    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None}
+    pipe = Pipeline(files, tokenizer, engine, plan.target_backend, placement=placement, info=info, backends=backends, memory=plan.memory,
+                    overlap_choice=opts.overlap, reload=lambda: load_pipeline(replace(opts, keep_drafter=False), None, answers))
+    pipe.note_choice(choice)
+    return pipe
 
 
 def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | None, tokenizer: Tokenizer,

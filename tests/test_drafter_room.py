@@ -132,3 +132,36 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
         assert pipe.engine.drafter.model is not None and pipe.info["drafter_choice"]["keep"] is True
     with ondevice.load("tiny", keep_drafter=False, **load) as pipe:  # --drop-drafter
         assert pipe.engine.drafter.model is None
+
+
+def scaled(c, factor: float):
+    return type(c)(c.ns, tuple(s * factor for s in c.seconds))
+
+
+def test_a_drafter_kept_on_a_prediction_is_left_out_once_measured_slower(tiny_home, monkeypatch):  # noqa: F811
+    stream_tiny_target(tiny_home, monkeypatch)
+    load = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
+    with ondevice.load("tiny", draft=False, **load) as alone:
+        reference, _ = answer(alone, None)
+    with ondevice.load("tiny", keep_drafter=False, **load):
+        pass  # the streaming profile, measured in its child (the drafter's curves and the drafter-less pass)
+    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    saved = Profile.from_dict(json.loads(path.read_text()))
+    fast = 1e-6  # predicted: ~10^5 tok/s with the drafter; the target alone "timed" at 10^4 tok/s, above what it can measure
+    saved.targets = {"llama": scaled(DISK_BOUND, fast)}
+    saved.drafters = {"llama": scaled(FAST_DRAFT, fast)}
+    saved.curves = saved.curves_for("llama", "llama")
+    saved.alone = {**saved.alone, "seconds": 1e-4}
+    path.write_text(json.dumps(saved.to_dict()))
+    with ondevice.load("tiny", **load) as pipe:
+        assert pipe.drafter_choice.keep and pipe.drafter_choice.with_source == "predicted"
+        assert pipe.engine.drafter.model is not None
+        for _ in range(6):  # answers until the planner has measured an arm enough
+            answer(pipe, DraftSpec("auto", 0))
+            if pipe.engine.drafter.model is None:
+                break
+        assert pipe.engine.drafter.model is None and pipe.memory.drafter_bytes == 0  # loaded again, without it
+        assert not pipe.drafter_choice.keep and pipe.drafter_choice.with_source == "measured"
+        assert "drafter left out" in pipe.placement
+        lean, _ = answer(pipe, DraftSpec("auto", 0))
+    assert lean == reference
