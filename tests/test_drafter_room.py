@@ -118,7 +118,7 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
     with ondevice.load("tiny", **load) as pipe:
         (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
         alone_pass = AlonePass.from_dict(Profile.from_dict(json.loads(saved.read_text())).alone)
-        assert alone_pass.seconds > 0  # timed in the profile's child process, under the drafter-less plan
+        assert alone_pass.seconds > 0 and alone_pass.bytes_read_per_pass == pipe.memory.bytes_read_per_pass  # the plan it runs
         assert pipe.engine.drafter.model is None and pipe.memory.drafter_bytes == 0
         assert pipe.info["drafter_choice"]["keep"] is False and "drafter left out" in pipe.placement
         assert pipe.auto_planner().regime == without
@@ -126,7 +126,7 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
         with pytest.raises(OndeviceError, match="--tree best-first to load it"):
             answer(pipe, DraftSpec("best-first", 4))
     assert lean == reference
-    save_book(book(**{"best-first@8": (1000, 1.0)}), "tiny", with_drafter)  # measured 1000 tok/s: it pays
+    save_book(book(**{"best-first@8": (10**7, 1.0)}), "tiny", with_drafter)  # measured 10^7 tok/s: it pays
     assert load_book("tiny", with_drafter).arms["best-first@8"].tokens > 0 and book_path("tiny", with_drafter).exists()
     with ondevice.load("tiny", **load) as pipe:
         assert pipe.engine.drafter.model is not None and pipe.info["drafter_choice"]["keep"] is True
@@ -143,8 +143,8 @@ def test_a_drafter_kept_on_a_prediction_is_left_out_once_measured_slower(tiny_ho
     load = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
     with ondevice.load("tiny", draft=False, **load) as alone:
         reference, _ = answer(alone, None)
-    with ondevice.load("tiny", keep_drafter=False, **load):
-        pass  # the streaming profile, measured in its child (the drafter's curves and the drafter-less pass)
+    with ondevice.load("tiny", **load):
+        pass  # the streaming profile (the drafter's curves, measured in a child) and the drafter-less pass
     (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
     saved = Profile.from_dict(json.loads(path.read_text()))
     fast = 1e-6  # predicted: ~10^5 tok/s with the drafter; the target alone "timed" at 10^4 tok/s, above what it can measure
@@ -165,3 +165,16 @@ def test_a_drafter_kept_on_a_prediction_is_left_out_once_measured_slower(tiny_ho
         assert "drafter left out" in pipe.placement
         lean, _ = answer(pipe, DraftSpec("auto", 0))
     assert lean == reference
+
+
+def test_bench_runs_auto_on_a_pipeline_without_the_drafter_model(tiny_home, monkeypatch):  # noqa: F811
+    from ondevice.cli.bench_cmd import bench_specs
+    from ondevice.verify import Sampling
+
+    stream_tiny_target(tiny_home, monkeypatch)
+    with ondevice.load("tiny", target_backend="llama", threads=1, ctx=256, keep_drafter=False) as pipe:  # --drop-drafter
+        assert pipe.engine.drafter.model is None
+        ids = [pipe.encode_chat(MESSAGES)]
+        rows = [result for result, _ in bench_specs(pipe, ids, [None, DraftSpec("auto", 0)], 16, Sampling(), as_json=True)]
+    assert [r.builder for r in rows] == ["none", "auto"] and rows[1].predicted_tokens_per_second is None
+    assert rows[1].same_as_target == 1  # prompt lookup's answer is the target alone's

@@ -72,7 +72,8 @@ def save_report(out: str | None, pipe, results: list[BenchResult], max_tokens: i
     report = {"model": pipe.pair.name, "target_backend": pipe.target_backend, "backends": backends, "machine": platform.processor() or platform.machine(),
               "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": prompts, "prompt_set": prompt_set,
               "results": [r.to_dict() for r in results], "sweep": sweep_verdict(results), "curves": curves,
-              "placement": pipe.memory.to_dict() if pipe.memory is not None else pipe.placement}
+              "placement": pipe.memory.to_dict() if pipe.memory is not None else pipe.placement,
+              "drafter_choice": pipe.info.get("drafter_choice")}  # a streaming target: the drafter kept or left out, and why
     if out:
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
     record_bench(machine_facts().fingerprint(), pipe.pair.name, pipe.backends.backend, results)  # beside `models --predict`
@@ -101,7 +102,8 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
         plans.append(pipe.plan)
         advance()
     result.config = "auto: " + rounds_text(dict(rounds)) + " (rounds)"
-    result.predicted_tokens_per_second = sum(p.predicted_tokens_per_second for p in plans) / len(plans)
+    planned = [p.predicted_tokens_per_second for p in plans if p is not None]  # None: no planner (no drafter model: prompt lookup)
+    result.predicted_tokens_per_second = sum(planned) / len(planned) if planned else None
     return result, outputs
 
 

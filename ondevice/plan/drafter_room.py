@@ -12,10 +12,11 @@ So where the target streams with the drafter, the load compares two rates, measu
     with the drafter     the fastest arm the planner's book measured in that regime (plan/arms.py,
                          ≥ MEASURED_TOKENS tokens), else the cost model's best plan on the streaming
                          profile (a prediction: the first load of a pair)
-    without it           the fastest arm measured in the drafter-less regime (the target alone and
-                         the free drafters: prompt lookup, suffix, recycling), else the target's
-                         1-token pass under the drafter-less memory plan, timed in the profile's
-                         child process (`AlonePass`, loading.streaming_profile)
+    without it           the fastest arm a planner measured in the drafter-less regime, else the
+                         target's 1-token pass under the drafter-less memory plan, timed once per
+                         profile in the process that will load it (`AlonePass`, loading.time_alone).
+                         A pipeline without a drafter model drafts by prompt lookup, unplanned
+                         (Pipeline.resolve), so today that regime's book stays empty: the timed pass
 
 and loads the drafter only where it is faster. Free drafts stay on either way: they need no RAM.
 `--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
