@@ -27,7 +27,7 @@ from ondevice.loading import Answers, LoadOptions, LoadPlan, plan_load, profile_
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import load_book
 from ondevice.plan.auto import AutoPlanner, regime_of
-from ondevice.plan.drafter_room import DrafterChoice, best_measured, choose_drafter
+from ondevice.plan.drafter_room import AlonePass, DrafterChoice, best_measured, choose_drafter
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.memory import MemoryPlan
 from ondevice.plan.profile import ProfileBackends, save_profile
@@ -299,8 +299,13 @@ def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | 
         profile.alone = time_alone(lean).to_dict()
         save_profile(profile)
     kept = plan.memory.kept_layers(plan.memory.ahead) if plan.memory is not None else ()
-    choice = choose_drafter(
-        profile, AcceptanceTracker.load(files.name).p_rank, load_book(files.name, regime_of(profile_backends(plan))),
-        load_book(files.name, regime_of(profile_backends(lean))), layers_with=len([k for k in kept if k != OUTPUT_LAYER]),
-    )
+    books = load_book(files.name, regime_of(profile_backends(plan))), load_book(files.name, regime_of(profile_backends(lean)))
+    layers = len([k for k in kept if k != OUTPUT_LAYER])
+    choice = choose_drafter(profile, AcceptanceTracker.load(files.name).p_rank, *books, layers_with=layers)
+    if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
+        if status is not None:
+            status("timing the target without the drafter again")
+        profile.alone = AlonePass.from_dict(profile.alone).folded(time_alone(lean)).to_dict()
+        save_profile(profile)
+        choice = choose_drafter(profile, AcceptanceTracker.load(files.name).p_rank, *books, layers_with=layers)
     return (plan if choice is None or choice.keep else lean), choice

@@ -6,6 +6,7 @@ keeps it where speculation measured faster, or where asked."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -18,7 +19,7 @@ from ondevice.plan.arms import ArmBook, Tally, book_path, load_book, save_book
 from ondevice.plan.auto import regime_of
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import Curves
-from ondevice.plan.drafter_room import MEASURED_TOKENS, AlonePass, best_measured, choose_drafter
+from ondevice.plan.drafter_room import MAX_TIMINGS, MEASURED_TOKENS, AlonePass, best_measured, choose_drafter
 from ondevice.plan.profile import Profile
 from ondevice.protocols import DraftSpec
 
@@ -78,6 +79,19 @@ def test_with_nothing_measured_the_cost_model_predicts_speculation():
     assert choice.keep == (predicted > 4.0)
 
 
+def test_a_close_call_is_timed_again_and_the_mean_of_the_last_timings_decides():
+    again = ALONE.folded(replace(ALONE, seconds=0.15))
+    assert again.seconds == pytest.approx(0.20) and again.timings == 2
+    drifted = ALONE
+    for _ in range(30):
+        drifted = drifted.folded(replace(ALONE, seconds=0.10))
+    assert drifted.timings == MAX_TIMINGS and drifted.seconds < 0.11  # the old timing fades
+    close = choose_drafter(Saved(ALONE), default_p_rank(), book(**{"best-first@8": (60, 10.0)}), ArmBook())  # 6 against 4 timed
+    assert close.keep and close.unsure
+    clear = choose_drafter(Saved(ALONE), default_p_rank(), book(**{"best-first@8": (90, 10.0)}), ArmBook())  # 9 against 4
+    assert clear.keep and not clear.unsure
+
+
 def test_a_tree_that_needs_the_drafter_keeps_it_and_contradicts_drop_drafter():
     load = loading.LoadOptions()
     assert keeping_drafter(load, [DraftSpec("auto", 0), None]).keep_drafter is None  # the load decides
@@ -130,6 +144,14 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
     assert load_book("tiny", with_drafter).arms["best-first@8"].tokens > 0 and book_path("tiny", with_drafter).exists()
     with ondevice.load("tiny", **load) as pipe:
         assert pipe.engine.drafter.model is not None and pipe.info["drafter_choice"]["keep"] is True
+    (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    timed = AlonePass.from_dict(Profile.from_dict(json.loads(saved.read_text())).alone)
+    assert timed.timings == 1  # kept by far: not timed again
+    close = 1.5 / timed.seconds  # kept, but by less than UNSURE: the next load times it again
+    save_book(book(**{"best-first@8": (close * 100, 100.0)}), "tiny", with_drafter)
+    with ondevice.load("tiny", **load):
+        pass
+    assert AlonePass.from_dict(Profile.from_dict(json.loads(saved.read_text())).alone).timings == 2
     with ondevice.load("tiny", keep_drafter=False, **load) as pipe:  # --drop-drafter
         assert pipe.engine.drafter.model is None
 

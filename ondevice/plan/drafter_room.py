@@ -19,17 +19,22 @@ So where the target streams with the drafter, the load compares two rates, measu
                          (Pipeline.resolve), so today that regime's book stays empty: the timed pass
 
 and loads the drafter only where it is faster. Free drafts stay on either way: they need no RAM.
+The timed pass is one moment of a disk whose speed drifts (0.11–0.21 s for the same pass within
+minutes here), so where the drafter is kept by less than UNSURE (the planner's trust in a
+prediction, plan/arms.py) the next load times it again and the mean decides (`AlonePass.folded`).
 `--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from ondevice.plan.arms import ArmBook
+from ondevice.plan.arms import OPTIMISM, ArmBook
 from ondevice.plan.cost_model import choose_plan
 
 MEASURED_TOKENS = 24.0  # an arm's (faded) tokens before its measured rate is trusted over a prediction
+UNSURE = OPTIMISM  # a drafter kept by less than this factor over a timed target alone: time it again at the next load
+MAX_TIMINGS = 8  # the timed pass is the mean of the last this many loads' timings
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,13 @@ class AlonePass:
     kept_layers: int
     in_ram: bool
     busy: bool = False  # other processes disturbed every sample
+    timings: int = 1  # loads whose timing `seconds` averages (`folded`)
+
+    def folded(self, again: "AlonePass") -> "AlonePass":
+        """The mean with another timing (of the last MAX_TIMINGS): a disk's speed drifts by half
+        within minutes here (the same pass timed 0.11–0.21 s), so one timing can decide wrongly."""
+        n = min(self.timings, MAX_TIMINGS - 1)
+        return replace(again, seconds=(self.seconds * n + again.seconds) / (n + 1), timings=n + 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -48,7 +60,7 @@ class AlonePass:
     @classmethod
     def from_dict(cls, d: dict | None) -> "AlonePass | None":
         return None if d is None else cls(float(d["seconds"]), int(d["bytes_read_per_pass"]), int(d["kept_layers"]),
-                                          bool(d["in_ram"]), bool(d.get("busy", False)))
+                                          bool(d["in_ram"]), bool(d.get("busy", False)), int(d.get("timings", 1)))
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,11 @@ class DrafterChoice:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def unsure(self) -> bool:
+        """Kept, against a timed (not measured) target alone, by less than UNSURE: worth timing again."""
+        return self.keep and self.without_source == "timed" and self.with_drafter < UNSURE * self.without
 
 
 def best_measured(book: ArmBook, min_tokens: float = MEASURED_TOKENS) -> float | None:
