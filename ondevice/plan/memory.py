@@ -26,7 +26,8 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
 When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
 cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
 buffers still leave the streaming window free. The plan also says when the drafter alone is what
-keeps the target out of RAM (`--no-draft` may then be faster). On a GPU (torch target) the layers'
+keeps the target out of RAM (where the target streams, `pipeline.drafter_or_layers` weighs the
+drafter against the layers its RAM would keep, plan/drafter_room.py). On a GPU (torch target) the layers'
 tiers come from `ondevice.target.offloaded.plan_offload`, the placement the loader makes.
 
 The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit as
@@ -344,7 +345,7 @@ def plan_memory(
     alone = None  # would the target fit without the drafter? (the drafter's memory is what tips it over)
     if drafter is not None:
         alone = plan_memory(target, None, n_ctx=n_ctx, max_tree=max_tree, budget=budget, process_bytes=process)
-    note = ["without the drafter the target would fit in RAM: --no-draft may be faster"] if alone and alone.target_in_ram else []
+    note = ["without the drafter the target would fit in RAM (a load leaves it out where that is faster: --keep-drafter keeps it)"] if alone and alone.target_in_ram else []
     for tree in (t for t in TREE_SIZES if t <= max_tree):
         streaming = plan(tree, False, note)
         if streaming.cache_room >= target.streamed_window:
