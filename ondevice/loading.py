@@ -261,8 +261,8 @@ def time_alone(lean: LoadPlan) -> AlonePass:
     """The target's 1-token pass as `lean` (the load without the drafter) plans it: what the drafter's
     RAM is weighed against (plan/drafter_room.py). Timed here, before anything else is loaded, as
     the profile times passes: the plan the load would run, where a child process (the streaming
-    profile's) would have less room, its own interpreter beside this one's (measured: 16 layers kept
-    and 0.25 s per pass there, against 20 and 0.12 s as this process runs it)."""
+    profile's) would have less room, its own interpreter beside this one's (measured under 1.2 GB:
+    16 layers kept and 0.25 s per pass there; 19 and 0.18–0.21 s in this process at other minutes)."""
     memory = lean.memory
     target = lean.open_target()
     try:
