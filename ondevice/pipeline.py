@@ -300,12 +300,12 @@ def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | 
         save_profile(profile)
     kept = plan.memory.kept_layers(plan.memory.ahead) if plan.memory is not None else ()
     books = load_book(files.name, regime_of(profile_backends(plan))), load_book(files.name, regime_of(profile_backends(lean)))
-    layers = len([k for k in kept if k != OUTPUT_LAYER])
-    choice = choose_drafter(profile, AcceptanceTracker.load(files.name).p_rank, *books, layers_with=layers)
+    layers, p_rank = len([k for k in kept if k != OUTPUT_LAYER]), AcceptanceTracker.load(files.name).p_rank
+    choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
         if status is not None:
             status("timing the target without the drafter again")
         profile.alone = AlonePass.from_dict(profile.alone).folded(time_alone(lean)).to_dict()
         save_profile(profile)
-        choice = choose_drafter(profile, AcceptanceTracker.load(files.name).p_rank, *books, layers_with=layers)
+        choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     return (plan if choice is None or choice.keep else lean), choice
