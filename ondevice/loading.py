@@ -18,7 +18,6 @@ from ondevice.catalog.hub import PairFiles
 from ondevice.draft.loader import load_drafter
 from ondevice.errors import OndeviceError
 from ondevice.machine.facts import cuda_available, default_threads, machine_facts, physical_cores
-from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.machine.ram import RamBudget, anon_rss, ram_budget, return_freed_memory, unmap_large_frees
 from ondevice.paths import home
 from ondevice.plan.acceptance import AcceptanceTracker
@@ -29,7 +28,7 @@ from ondevice.plan.drafter_room import AlonePass
 from ondevice.plan.latency import measure_target_timing
 from ondevice.plan.profile import ProfileBackends, get_profile, load_profile
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.protocols import MAX_BUDGET
+from ondevice.protocols import FREE_TREE_NODES, MAX_BUDGET
 from ondevice.sizes import parse_size
 from ondevice.target.loader import load_target
 from ondevice.target.page_cache import WINDOW_AHEAD
@@ -59,6 +58,8 @@ class LoadOptions:
     overlap: bool | None = None  # draft while the target verifies; None: when the target is on a GPU
     keep_drafter: bool | None = None  # None: where the target streams, load the drafter only where it pays
     # for the layers its RAM would keep (plan/drafter_room.py); True: always (a --tree that needs it, --drafter)
+    free_tree_nodes: int | None = None  # the largest tree of the free drafters asked for (a --tree lookup/suffix/
+    # recycle --budget): a load without the drafter model sizes a streaming target's buffers for it; None: FREE_TREE_NODES
 
     def checked(self) -> "LoadOptions":
         """These options, or an OndeviceError naming the bad one: checked before anything is downloaded."""
@@ -270,9 +271,9 @@ def time_alone(lean: LoadPlan) -> AlonePass:
     finally:
         target.close()
         return_freed_memory()
-    kept = [k for k in memory.kept_layers(memory.ahead) if k != OUTPUT_LAYER] if memory is not None else []
     in_ram = memory is None or memory.target_in_ram
-    return AlonePass(timing.seconds(1), 0 if memory is None else memory.bytes_read_per_pass, len(kept), in_ram, timing.busy)
+    return AlonePass(timing.seconds(1), 0 if memory is None else memory.bytes_read_per_pass,
+                     0 if memory is None else memory.kept_layer_count, in_ram, timing.busy)
 
 
 def trim_if_streaming(files: PairFiles, opts: LoadOptions, plans: MemoryPlans, status=None) -> None:
@@ -311,7 +312,9 @@ def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, pr
     budget = ram_budget()
     if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
         budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
-    return plan_memory(target, drafter, n_ctx=opts.context, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes)
+    tree_nodes = (opts.free_tree_nodes or FREE_TREE_NODES) if drafter is None else None  # no drafter model: free trees only
+    return plan_memory(target, drafter, n_ctx=opts.context, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes,
+                       tree_nodes=tree_nodes)
 
 
 def backend_label(backend: str, threads: int) -> str:

@@ -22,7 +22,6 @@ from ondevice.catalog.hub import PairFiles
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.draft.loader import with_lookup
-from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.loading import Answers, LoadOptions, LoadPlan, plan_load, profile_backends, streaming_profile, time_alone
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import load_book
@@ -293,14 +292,14 @@ def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | 
     lean = plan_load(opts, replace(files, drafter=None), process, answers, tokenizer, status)
     if opts.keep_drafter is False:  # --drop-drafter
         return lean, None
-    if profile.alone is None:  # once per profile: the streaming profile's child measured the drafter's side
-        if status is not None:
+    saved = AlonePass.from_dict(profile.alone)
+    if saved is None or not saved.times(lean.memory.kept_layer_count):  # once per profile (and drafter-less plan): the
+        if status is not None:  # streaming profile's child measured the drafter's side
             status("timing the target without the drafter")
         profile.alone = time_alone(lean).to_dict()
         save_profile(profile)
-    kept = plan.memory.kept_layers(plan.memory.ahead) if plan.memory is not None else ()
     books = load_book(files.name, regime_of(profile_backends(plan))), load_book(files.name, regime_of(profile_backends(lean)))
-    layers, p_rank = len([k for k in kept if k != OUTPUT_LAYER]), AcceptanceTracker.load(files.name).p_rank
+    layers, p_rank = plan.memory.kept_layer_count, AcceptanceTracker.load(files.name).p_rank
     choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
         if status is not None:
@@ -309,3 +308,4 @@ def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | 
         save_profile(profile)
         choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     return (plan if choice is None or choice.keep else lean), choice
+

@@ -69,6 +69,7 @@ BUILDERS = MODEL_BUILDERS + FREE_BUILDERS
 # drafted nodes per pass when --budget is not given; free trees: passes of <= 7 tokens (cheap on a CPU
 # target); hybrid: best-first's budget (the free nodes take part of it)
 DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "hybrid": 16, "lookup": 6, "suffix": 6, "recycle": 6}
+FREE_TREE_NODES = max(DEFAULT_BUDGET[b] for b in FREE_BUILDERS) + 1  # a free drafter's default tree, with its root
 
 
 @dataclass(frozen=True)

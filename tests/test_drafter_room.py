@@ -19,9 +19,9 @@ from ondevice.plan.arms import ArmBook, Tally, book_path, load_book, save_book
 from ondevice.plan.auto import regime_of
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import Curves
-from ondevice.plan.drafter_room import MAX_TIMINGS, MEASURED_TOKENS, AlonePass, best_measured, choose_drafter
+from ondevice.plan.drafter_room import MAX_TIMINGS, MEASURED_TOKENS, UNSURE, AlonePass, best_measured, choose_drafter
 from ondevice.plan.profile import Profile
-from ondevice.protocols import DraftSpec
+from ondevice.protocols import FREE_TREE_NODES, DraftSpec
 
 from test_backends import FAST_DRAFT, curve
 from test_streaming_pipeline import MESSAGES, answer, stream_tiny_target, tiny_home  # noqa: F401 - a fixture
@@ -76,7 +76,10 @@ def test_with_nothing_measured_the_cost_model_predicts_speculation():
     choice = choose_drafter(Saved(ALONE), default_p_rank(), ArmBook(), ArmBook())
     predicted = choose_plan(Curves(DISK_BOUND, FAST_DRAFT), default_p_rank(), overlap_possible=False).predicted_tokens_per_second
     assert choice.with_source == "predicted" and choice.with_drafter == pytest.approx(predicted)
-    assert choice.keep == (predicted > 4.0)
+    assert choice.keep == (predicted > UNSURE * 4.0)  # a prediction must beat the timed pass by the planner's distrust
+    for factor, keep in ((1.5, False), (2.5, True)):  # the drafter-less pass timed at predicted / factor tok/s
+        timed = choose_drafter(Saved(replace(ALONE, seconds=factor / predicted)), default_p_rank(), ArmBook(), ArmBook())
+        assert timed.keep is keep and timed.with_source == "predicted"
 
 
 def test_a_close_call_is_timed_again_and_the_mean_of_the_last_timings_decides():
@@ -92,10 +95,18 @@ def test_a_close_call_is_timed_again_and_the_mean_of_the_last_timings_decides():
     assert clear.keep and not clear.unsure
 
 
+def test_a_timing_of_another_drafter_less_plan_is_timed_afresh():
+    timed = AlonePass(0.2, 250 << 20, 20, False)
+    assert timed.times(20) and timed.times(21) and timed.times(19)  # a layer either way: one process's RSS to the next
+    assert not timed.times(24) and not timed.times(16)  # buffers sized otherwise: another plan, another pass
+
+
 def test_a_tree_that_needs_the_drafter_keeps_it_and_contradicts_drop_drafter():
     load = loading.LoadOptions()
     assert keeping_drafter(load, [DraftSpec("auto", 0), None]).keep_drafter is None  # the load decides
     assert keeping_drafter(load, [DraftSpec("lookup", 8)]).keep_drafter is None  # free drafts need no model
+    assert keeping_drafter(load, [DraftSpec("lookup", 20), DraftSpec("suffix", 4)]).free_tree_nodes == 21  # the largest, with its root
+    assert keeping_drafter(load, [DraftSpec("auto", 0), None]).free_tree_nodes == FREE_TREE_NODES
     assert keeping_drafter(load, [DraftSpec("best-first", 8)]).keep_drafter is True
     assert keeping_drafter(load, [DraftSpec("auto", 8)]).keep_drafter is True  # auto held to --budget: the drafter's trees
     with pytest.raises(OndeviceError, match="--drop-drafter"):
@@ -133,6 +144,7 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
         (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
         alone_pass = AlonePass.from_dict(Profile.from_dict(json.loads(saved.read_text())).alone)
         assert alone_pass.seconds > 0 and alone_pass.bytes_read_per_pass == pipe.memory.bytes_read_per_pass  # the plan it runs
+        assert alone_pass.kept_layers == pipe.memory.kept_layer_count
         assert pipe.engine.drafter.model is None and pipe.memory.drafter_bytes == 0
         assert pipe.info["drafter_choice"]["keep"] is False and "drafter left out" in pipe.placement
         assert pipe.auto_planner().regime == without
@@ -154,6 +166,10 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
     assert AlonePass.from_dict(Profile.from_dict(json.loads(saved.read_text())).alone).timings == 2
     with ondevice.load("tiny", keep_drafter=False, **load) as pipe:  # --drop-drafter
         assert pipe.engine.drafter.model is None
+        assert pipe.memory.sizes.max_tree == 8  # buffers for the free drafters' trees (7 nodes), not the drafter's 64
+    with ondevice.load("tiny", keep_drafter=False, free_tree_nodes=21, **load) as pipe:  # --tree recycle --budget 20
+        assert pipe.memory.sizes.max_tree == 32
+        assert answer(pipe, DraftSpec("recycle", 20))[0] == reference
 
 
 def scaled(c, factor: float):

@@ -192,6 +192,21 @@ def test_says_when_only_the_drafter_keeps_the_target_out_of_ram():
     assert "without the drafter" not in tight.describe()
 
 
+@pytest.mark.parametrize("nodes", [1, 7, 8, 9, 17, 33, 64, 65])
+def test_a_plan_told_its_largest_tree_sizes_the_buffers_for_it_and_keeps_more_layers(nodes):
+    budget = RamBudget(1150 * MiB, "test")
+    unsized = plan_memory(TARGET, None, budget=budget, process_bytes=60 * MiB, ahead=2, max_tree=64)
+    sized = plan_memory(TARGET, None, budget=budget, process_bytes=60 * MiB, ahead=2, max_tree=64, tree_nodes=nodes)
+    assert unsized.streams and sized.streams and unsized.sizes.max_tree == 64
+    holding = [t for t in TREE_SIZES if t >= nodes]
+    assert sized.sizes.max_tree == (min(holding) if holding else 64)  # the smallest that holds the tree
+    if sized.sizes.max_tree < 64:  # the RAM its logits rows would take keeps layers instead
+        saved = unsized.resident_bytes + unsized.decode_slack - sized.resident_bytes - sized.decode_slack
+        assert saved >= (64 - sized.sizes.max_tree) * TARGET.n_vocab * 4 * 3  # output rows, their scratch, two copies
+        assert len(sized.kept_layers(2)) > len(unsized.kept_layers(2))
+        assert sized.bytes_read_per_pass < unsized.bytes_read_per_pass
+
+
 def test_a_streaming_plan_halves_both_kv_caches_and_a_shorter_context_keeps_more_layers():
     budget = RamBudget(1300 * MiB, "test")
     plans = {n: plan_memory(TARGET, DRAFTER, n_ctx=n, budget=budget, process_bytes=100 * MiB, ahead=2) for n in (512, 4096)}

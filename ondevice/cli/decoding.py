@@ -13,7 +13,7 @@ from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
 from ondevice.loading import Answers, LoadOptions
 from ondevice.pipeline import Pipeline
-from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, MAX_BUDGET, MODEL_BUILDERS, DraftSpec
+from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, FREE_BUILDERS, FREE_TREE_NODES, MAX_BUDGET, MODEL_BUILDERS, DraftSpec
 from ondevice.verify import Sampling
 
 console = Console(highlight=False)
@@ -111,10 +111,13 @@ def _arm_text(arm: dict) -> str:
 def keeping_drafter(load: LoadOptions, specs) -> LoadOptions:
     """The load options, with the drafter model kept where one of `specs` needs it (a tree of the
     drafter's builders, or auto held to --budget): otherwise a target streaming from disk may load
-    without it, its RAM given to the target's layers (plan/drafter_room.py)."""
+    without it, its RAM given to the target's layers (plan/drafter_room.py), and its buffers sized for
+    the largest free tree among `specs` (`LoadOptions.free_tree_nodes`)."""
     needs = any(s is not None and (s.builder in MODEL_BUILDERS or (s.builder == "auto" and s.budget)) for s in specs)
     if needs and load.keep_drafter is False:
         raise OndeviceError("--drop-drafter leaves out the drafter model that this --tree needs; drop one of them.")
+    free = [s.budget + 1 for s in specs if s is not None and s.builder in FREE_BUILDERS]
+    load = replace(load, free_tree_nodes=max(free + [FREE_TREE_NODES]))
     return replace(load, keep_drafter=True) if needs else load
 
 

@@ -2,10 +2,10 @@
 
 Under a memory limit the drafter's weights and buffers (~300 MB for the default pair) take room the
 target's layers would otherwise keep in the page cache. Without the drafter a streamed pass reads
-less (1.2 GB cgroup, default pair: 20 of 28 layers kept and 225–248 MB read per pass, against 563 MB
-with the drafter), so one token per pass can beat several per dearer pass: on a fast disk, where a
-speculative round is bound by the 2 cores, `--no-draft` ran heldout8 chat at 10.65 / 7.81 tok/s
-against 4.82 / 6.84 for best-first @8 with the drafter (README, "Larger than memory").
+less (1.2 GB cgroup, default pair: 24 of 28 layers kept and 111–117 MB read per pass, its buffers
+sized for the free drafters' trees of a few nodes; 8 layers and 563 MB with the drafter), so one
+token per pass can beat several per dearer pass: heldout11 under 1.2 GB ran at 14.2–16.5 tok/s
+without the drafter against 4.9–10.5 with it (README, "The drafter or more kept layers").
 
 So where the target streams with the drafter, the load compares two rates, measured where it can:
 
@@ -17,8 +17,12 @@ So where the target streams with the drafter, the load compares two rates, measu
                          profile in the process that will load it (`AlonePass`, loading.time_alone).
                          A pipeline without a drafter model drafts by prompt lookup, unplanned
                          (Pipeline.resolve), so today that regime's book stays empty: the timed pass
+                         (timed afresh when the drafter-less plan keeps another number of layers)
 
-and loads the drafter only where it is faster. Free drafts stay on either way: they need no RAM.
+and loads the drafter only where it is faster; where its side is only predicted, only where it is
+faster by UNSURE (the planner's distrust of a prediction, plan/arms.py: on this pair's first loads under
+1.2 GB the cost model predicted 11.06 tok/s with the drafter, and the planner then measured 7.9–9.8).
+Free drafts stay on either way: they need no RAM.
 The timed pass is one moment of a disk whose speed drifts (0.11–0.21 s for the same pass within
 minutes here), so where the drafter is kept by less than UNSURE (the planner's trust in a
 prediction, plan/arms.py) the next load times it again and the mean decides (`AlonePass.folded`).
@@ -53,6 +57,12 @@ class AlonePass:
         within minutes here (the same pass timed 0.11–0.21 s), so one timing can decide wrongly."""
         n = min(self.timings, MAX_TIMINGS - 1)
         return replace(again, seconds=(self.seconds * n + again.seconds) / (n + 1), timings=n + 1)
+
+    def times(self, kept_layers: int) -> bool:
+        """Whether this timing is of a drafter-less plan keeping about `kept_layers` layers: a plan
+        that keeps more or fewer than one apart (another budget, buffers sized otherwise; a layer
+        either way is a process's RSS from one run to the next) is timed afresh, not averaged in."""
+        return abs(self.kept_layers - kept_layers) <= 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,4 +116,5 @@ def choose_drafter(profile, p_rank, book_with: ArmBook, book_without: ArmBook, l
         with_drafter, with_source = choose_plan(profile.curves, p_rank, overlap_possible=False).predicted_tokens_per_second, "predicted"
     measured_without = best_measured(book_without)
     without, without_source = (measured_without, "measured") if measured_without is not None else (1.0 / alone.seconds, "timed")
-    return DrafterChoice(with_drafter > without, with_drafter, without, with_source, without_source, layers_with, alone.kept_layers)
+    needed = without * (UNSURE if with_source == "predicted" else 1.0)  # a prediction must beat a measurement by the planner's distrust
+    return DrafterChoice(with_drafter > needed, with_drafter, without, with_source, without_source, layers_with, alone.kept_layers)

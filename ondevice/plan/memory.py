@@ -260,6 +260,12 @@ class MemoryPlan:
         return ((OUTPUT_LAYER,) if keep_head else ()) + spread_layers(sizes, room)
 
     @property
+    def kept_layer_count(self) -> int:
+        """Decoder layers this plan keeps cached (its LM head not counted); 0 unsteered or in RAM."""
+        kept = self.kept_layers(self.ahead) if self.ahead else ()
+        return len([k for k in kept if k != OUTPUT_LAYER])
+
+    @property
     def bytes_read_per_pass(self) -> int:
         """Predicted disk reads per target pass: none in RAM; when streaming, every decoder layer not
         kept cached and the LM head unless kept (the input embeddings are read a row per token), or
@@ -297,7 +303,7 @@ class MemoryPlan:
             "placement": self.placement, "target_bytes": self.target.file_bytes, "drafter_bytes": self.drafter_bytes,
             "process_bytes": self.process_bytes, "buffers": dict(self.buffers), "ram_budget": self.budget.bytes,
             "ram_source": self.budget.source, "max_tree": self.sizes.max_tree, "n_ctx": self.sizes.n_ctx, "kv_type": self.kv_type,
-            "predicted_bytes_read_per_pass": self.bytes_read_per_pass, "kept_layers": len([k for k in kept if k != OUTPUT_LAYER]),
+            "predicted_bytes_read_per_pass": self.bytes_read_per_pass, "kept_layers": self.kept_layer_count,
             "head_kept": OUTPUT_LAYER in kept,
             "summary": self.describe(),
         }
@@ -312,6 +318,15 @@ def _buffers(target: ModelSize, drafter: ModelSize | None, n_ctx: int, sizes: Co
     return out
 
 
+def streaming_tree_sizes(max_tree: int, tree_nodes: int | None) -> list[int]:
+    """The max_tree values a streaming plan tries, largest first: TREE_SIZES up to `max_tree`, and
+    with `tree_nodes` known, none above the smallest that holds such a tree (its logits rows and
+    their copies, ~1.2 MB a node here, would be RAM the target's layers never get)."""
+    sizes = [t for t in TREE_SIZES if t <= max_tree]
+    holding = [t for t in sizes if t >= tree_nodes] if tree_nodes is not None else []
+    return [t for t in sizes if t <= min(holding)] if holding else sizes
+
+
 def plan_memory(
     target: ModelSize,
     drafter: ModelSize | None = None,
@@ -321,6 +336,7 @@ def plan_memory(
     budget: RamBudget | None = None,
     process_bytes: int | None = None,
     ahead: int = 0,
+    tree_nodes: int | None = None,
 ) -> MemoryPlan:
     """Where the target lives and how big the buffers may be; nothing is loaded.
 
@@ -329,6 +345,9 @@ def plan_memory(
     (default: `ram_budget()`, cgroup-aware). process_bytes: default this process's RSS now.
     ahead: a streaming target's page cache will be steered with this many layers in flight, so the
     room left keeps its first layers cached (`kept_layers`); 0: the kernel streams it alone.
+    tree_nodes: the largest tree this load will verify, where the caller knows it (a load without the
+    drafter model: its free drafters' trees, a few nodes): a streaming target's buffers are then sized
+    for the smallest of TREE_SIZES that holds it, and the rest of the RAM keeps more of its layers.
     """
     budget = budget or ram_budget()
     process = (anon_rss() or psutil.Process().memory_info().rss) if process_bytes is None else process_bytes
@@ -346,7 +365,7 @@ def plan_memory(
     if drafter is not None:
         alone = plan_memory(target, None, n_ctx=n_ctx, max_tree=max_tree, budget=budget, process_bytes=process)
     note = ["without the drafter the target would fit in RAM (a load leaves it out where that is faster: --keep-drafter keeps it)"] if alone and alone.target_in_ram else []
-    for tree in (t for t in TREE_SIZES if t <= max_tree):
+    for tree in streaming_tree_sizes(max_tree, tree_nodes):
         streaming = plan(tree, False, note)
         if streaming.cache_room >= target.streamed_window:
             return streaming

@@ -109,3 +109,15 @@ HELDOUT10_CHAT = [
     "What is the difference between weather and climate?",
     "How can I get better at remembering people's names?",
 ]
+
+HELDOUT11_CODE = [  # written before the free-tree-sized streaming buffers were measured (stop 37), measured once
+    "Write a Rust function that merges two sorted vectors of integers into one sorted vector.",
+    "Write a Python class for a least-recently-used cache with get and put methods.",
+    "Write a SQL query that lists each customer's total order amount for 2024, largest first.",
+]
+
+HELDOUT11_CHAT = [
+    "Why do cats purr?",
+    "Give me three tips for writing a clear email to my manager.",
+    "What should I pack for a weekend hiking trip in autumn?",
+]
