@@ -77,6 +77,8 @@ def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them
     answers = loading.Answers((prompt,), 24)
     with ondevice.load("tiny", answers=answers, target_backend="llama", threads=1) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # in RAM: nothing to win
+    with ondevice.load("tiny", streaming_ctx=512, target_backend="llama", threads=1) as pipe:
+        assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # chat's, in RAM: the same
     stream_tiny_target(tiny_home, monkeypatch)
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=loading.DEFAULT_CTX, keep_drafter=True) as pipe:
         full, _ = answer(pipe, spec)
@@ -90,6 +92,12 @@ def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them
         sized, stats = answer(pipe, spec)
         assert pipe.stats_json(stats)["placement"]["n_ctx"] == n_ctx
     assert sized == full  # the KV cache's size changes what stays cached, never the answer
+    chat = dict(target_backend="llama", drafter_backend="llama", threads=1, keep_drafter=True, streaming_ctx=512)  # ondevice chat's
+    with ondevice.load("tiny", **chat) as pipe:  # no answers known: the streaming context asked for
+        assert pipe.engine.target.n_ctx == 512 and pipe.memory.sizes.n_ctx == 512
+        assert answer(pipe, spec)[0] == full
+    with ondevice.load("tiny", **chat | {"ctx": 1024}) as pipe:  # --ctx wins
+        assert pipe.engine.target.n_ctx == 1024
 
 
 def ship_tiny_keep_set(home, monkeypatch, name: str = "tiny"):

@@ -11,7 +11,7 @@ dropped, with a one-line notice.
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import typer
 
@@ -20,7 +20,7 @@ from ondevice.cli.decoding import Decoding, console, err, keeping_drafter, load_
 from ondevice.cli.terminal import LineReader, ctrl_c_stops_the_answer
 from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
-from ondevice.loading import LoadOptions
+from ondevice.loading import STREAMING_CHAT_CTX, LoadOptions
 from ondevice.verify import Sampling
 
 HELP = """commands:
@@ -89,7 +89,8 @@ def chat(
     settings = {**asdict(decoding), "system": system}
     no_draft = not load.draft
     spec = decoding.spec(load.draft)  # bad options fail before loading
-    with load_pipeline(keeping_drafter(load, [spec])) as pipe:
+    load = replace(keeping_drafter(load, [spec]), streaming_ctx=STREAMING_CHAT_CTX)  # a streaming target: RAM for layers
+    with load_pipeline(load) as pipe:
         err.print(f"[dim]{pipe.pair.description} · {pipe.placement_line()} · /help for commands, /bye to exit[/]")
         converse(pipe, settings, no_draft)
 

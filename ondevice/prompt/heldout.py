@@ -121,3 +121,15 @@ HELDOUT11_CHAT = [
     "Give me three tips for writing a clear email to my manager.",
     "What should I pack for a weekend hiking trip in autumn?",
 ]
+
+HELDOUT12_CODE = [  # written before the final measurement of stop 37 (the drafter's side predicted must win by 2x), measured once
+    "Write a Go function that counts the vowels in a string.",
+    "Write a Python function that flattens a nested list of arbitrary depth.",
+    "Write a Bash script that renames every .txt file in a folder to .md.",
+]
+
+HELDOUT12_CHAT = [
+    "How do noise-cancelling headphones work?",
+    "What are some good habits for saving money each month?",
+    "Why is the sky blue during the day and red at sunset?",
+]
