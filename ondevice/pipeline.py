@@ -308,4 +308,3 @@ def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | 
         save_profile(profile)
         choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     return (plan if choice is None or choice.keep else lean), choice
-

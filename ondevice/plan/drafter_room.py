@@ -21,7 +21,7 @@ So where the target streams with the drafter, the load compares two rates, measu
 
 and loads the drafter only where it is faster; where its side is only predicted, only where it is
 faster by UNSURE (the planner's distrust of a prediction, plan/arms.py: on this pair's first loads under
-1.2 GB the cost model predicted 11.06 tok/s with the drafter, and the planner then measured 7.9–9.8).
+1.2 GB the cost model predicted 11.06 tok/s with the drafter, and the planner then measured 5.2–9.8).
 Free drafts stay on either way: they need no RAM.
 The timed pass is one moment of a disk whose speed drifts (0.11–0.21 s for the same pass within
 minutes here), so where the drafter is kept by less than UNSURE (the planner's trust in a
