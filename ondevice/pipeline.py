@@ -24,7 +24,7 @@ from ondevice.errors import OndeviceError
 from ondevice.draft.loader import with_lookup
 from ondevice.loading import Answers, LoadOptions, LoadPlan, plan_load, profile_backends, streaming_profile, time_alone
 from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.plan.arms import load_book
+from ondevice.plan.arms import ArmBook, arm_of, load_book, save_book
 from ondevice.plan.auto import AutoPlanner, regime_of
 from ondevice.plan.drafter_room import AlonePass, DrafterChoice, best_measured, choose_drafter
 from ondevice.plan.cost_model import Plan, plan_as_dict
@@ -61,6 +61,7 @@ class Pipeline:
     overlap_choice: bool | None = None  # --overlap/--no-overlap; None: as the plan says
     drafter_choice: DrafterChoice | None = None  # a target streaming from disk: the drafter kept or left out, and why
     reload: Callable[[], "Pipeline"] | None = None  # this load again with the drafter left out
+    lean_book: ArmBook | None = None  # a streaming target without the drafter model: what its answers measured
 
     def note_choice(self, choice: DrafterChoice | None) -> None:
         self.drafter_choice = choice
@@ -86,6 +87,20 @@ class Pipeline:
         for f in fields(Pipeline):
             setattr(self, f.name, getattr(lean, f.name))
         self.note_choice(replace(choice, keep=False, with_drafter=measured, with_source="measured"))
+
+    def _book_drafter_less(self, spec: DraftSpec | None, stats: Stats) -> None:
+        """An answer of a streaming target without the drafter model (prompt lookup or the target alone,
+        unplanned) is booked in that regime's book: the next load weighs the drafter against what it
+        measured (rounds only, as the drafter's side is measured) instead of one timed pass."""
+        if self.memory is None or not self.memory.streams or self.backends is None or stats.tokens <= 0:
+            return
+        if self.engine.drafter is not None and self.engine.drafter.model is not None:
+            return
+        regime = regime_of(self.backends)
+        if self.lean_book is None:
+            self.lean_book = load_book(self.backends.pair, regime)
+        self.lean_book.observe(arm_of(spec), stats.tokens, stats.decode_seconds, None, audit=False, spt_incumbent=None)
+        save_book(self.lean_book, self.backends.pair, regime)
 
     def resolve(self, spec: DraftSpec | None, sampling: Sampling, context: int = 0) -> DraftSpec | None:
         """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only)
@@ -188,6 +203,8 @@ class Pipeline:
             else:
                 if planner is not None:
                     planner.finish(item, list(prompt_ids) + answer)
+                else:
+                    self._book_drafter_less(spec, item)
                 yield Record(decoder.flush(), [], 0, stats=item)
         self._leave_out_drafter_measured_slower()
 

@@ -176,6 +176,28 @@ def scaled(c, factor: float):
     return type(c)(c.ns, tuple(s * factor for s in c.seconds))
 
 
+def test_the_drafter_less_answers_are_booked_and_weighed_at_the_next_load(tiny_home, monkeypatch):  # noqa: F811
+    stream_tiny_target(tiny_home, monkeypatch)
+    load = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
+    with_drafter, without = regimes(tiny_home)
+    with ondevice.load("tiny", keep_drafter=False, **load) as pipe:  # --drop-drafter
+        for _ in range(6):
+            tokens, stats = answer(pipe, DraftSpec("auto", 0))
+        assert pipe.lean_book.arms["lookup"].tokens > 0
+    saved = load_book("tiny", without)  # at half weight, as the next load reads it
+    assert saved.arms["lookup"].tokens >= MEASURED_TOKENS and best_measured(saved) > 0
+    save_book(book(**{"best-first@8": (100, 1000.0)}), "tiny", with_drafter)  # speculation measured 0.1 tok/s
+    with ondevice.load("tiny", **load) as pipe:
+        choice = pipe.drafter_choice
+        assert choice.without_source == "measured" and choice.without == pytest.approx(best_measured(saved))
+        assert not choice.keep and pipe.engine.drafter.model is None
+    save_book(book(**{"best-first@8": (10**7, 1.0)}), "tiny", with_drafter)
+    with ondevice.load("tiny", **load) as pipe:  # a drafter kept: its answers are the planner's, not this book's
+        assert pipe.drafter_choice.keep
+        answer(pipe, DraftSpec("auto", 0))
+        assert pipe.lean_book is None
+
+
 def test_a_drafter_kept_on_a_prediction_is_left_out_once_measured_slower(tiny_home, monkeypatch):  # noqa: F811
     stream_tiny_target(tiny_home, monkeypatch)
     load = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256)

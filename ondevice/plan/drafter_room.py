@@ -12,12 +12,12 @@ So where the target streams with the drafter, the load compares two rates, measu
     with the drafter     the fastest arm the planner's book measured in that regime (plan/arms.py,
                          ≥ MEASURED_TOKENS tokens), else the cost model's best plan on the streaming
                          profile (a prediction: the first load of a pair)
-    without it           the fastest arm a planner measured in the drafter-less regime, else the
+    without it           the fastest arm measured in the drafter-less regime (a pipeline without the
+                         drafter model answers by prompt lookup or the target alone, unplanned, and
+                         books each answer's decoding there: Pipeline._book_drafter_less), else the
                          target's 1-token pass under the drafter-less memory plan, timed once per
-                         profile in the process that will load it (`AlonePass`, loading.time_alone).
-                         A pipeline without a drafter model drafts by prompt lookup, unplanned
-                         (Pipeline.resolve), so today that regime's book stays empty: the timed pass
-                         (timed afresh when the drafter-less plan keeps another number of layers)
+                         profile in the process that will load it (`AlonePass`, loading.time_alone;
+                         timed afresh when the drafter-less plan keeps another number of layers)
 
 and loads the drafter only where it is faster; where its side is only predicted, only where it is
 faster by UNSURE (the planner's distrust of a prediction, plan/arms.py: on this pair's first loads under
