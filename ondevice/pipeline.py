@@ -311,17 +311,21 @@ def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | 
         return lean, None
     saved = AlonePass.from_dict(profile.alone)
     if saved is None or not saved.times(lean.memory.kept_layer_count):  # once per profile (and drafter-less plan): the
-        if status is not None:  # streaming profile's child measured the drafter's side
-            status("timing the target without the drafter")
-        profile.alone = time_alone(lean).to_dict()
-        save_profile(profile)
+        time_alone_into(profile, lean, None, status)  # streaming profile's child measured the drafter's side
     books = load_book(files.name, regime_of(profile_backends(plan))), load_book(files.name, regime_of(profile_backends(lean)))
     layers, p_rank = plan.memory.kept_layer_count, AcceptanceTracker.load(files.name).p_rank
     choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
-        if status is not None:
-            status("timing the target without the drafter again")
-        profile.alone = AlonePass.from_dict(profile.alone).folded(time_alone(lean)).to_dict()
-        save_profile(profile)
+        time_alone_into(profile, lean, AlonePass.from_dict(profile.alone), status)
         choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     return (plan if choice is None or choice.keep else lean), choice
+
+
+def time_alone_into(profile, lean: LoadPlan, earlier: AlonePass | None, status=None) -> None:
+    """Time the drafter-less pass (loading.time_alone) and save it in the profile: alone, or folded
+    into the `earlier` timings (the mean of the last few decides)."""
+    if status is not None:
+        status("timing the target without the drafter" + (" again" if earlier is not None else ""))
+    timed = time_alone(lean)
+    profile.alone = (earlier.folded(timed) if earlier is not None else timed).to_dict()
+    save_profile(profile)
