@@ -23,6 +23,9 @@ if ! "$python" -c "import gguf" 2>/dev/null; then
     echo "the gguf package is missing: pip install gguf, or put its wheel in $root/.whl/ (see the top of $0)" >&2
   fi
 fi
+# Packages copied in beside the wheels (e.g. llama-cpp-python from a CPU machine's venv: pure Python
+# over its own shared libraries), so the CUDA tests that compare with llama.cpp import there too.
+if [ -d "$root/.whl/site" ]; then export PYTHONPATH="$root/.whl/site${PYTHONPATH:+:$PYTHONPATH}"; fi
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$root"
 exec "$python" -m ondevice.eval.gpu_check "$@"

@@ -6,6 +6,8 @@ f32 KV cache, flash attention off) and transformers to ~1e-5, asserted at atol 1
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from ondevice.errors import OndeviceError
 from ondevice.eval.numerics import (
     batch_noise_by_size,
     greedy_misses,
+    logits_as_chain,
     logits_one_by_one,
     measure_batch_noise,
     top2_margin,
@@ -299,7 +302,14 @@ def test_cuda_tree_matches_llama_cpp(tiny):
     target.prefill(prompt[:-1])
     logits = target.forward_tree(tree)
     target.commit(tree.path_to(8))
+    reference = llama_cpp_logits if importlib.util.find_spec("llama_cpp") else cpu_fp32_logits
     for leaf in tree.leaves():
         path = tree.path_to(leaf)
-        ref = llama_cpp_logits(tiny["llama"][0], prompt[:-1] + tree.tokens[path].tolist())[len(prompt) - 1 :]
+        ref = reference(tiny["llama"][0], prompt[:-1] + tree.tokens[path].tolist())[len(prompt) - 1 :]
         np.testing.assert_allclose(logits[path], ref, atol=1e-3, rtol=0)  # TF32 / GPU reductions
+
+
+def cpu_fp32_logits(gguf_path, tokens) -> np.ndarray:
+    """The reference where llama.cpp is not installed (the GPU machine): the same code on the CPU in
+    fp32, one chain pass, which the CPU tests above hold to llama.cpp within ATOL."""
+    return logits_as_chain(fp32_target(gguf_path), tokens)

@@ -156,12 +156,24 @@ def main(argv: list[str] | None = None) -> None:
 def summary_lines(report: dict) -> list[str]:
     lines = [f"{report['machine'].get('gpu') or 'no GPU'} · {report['seconds']:.0f} s of {report['budget_s']:.0f} · {report['command']}"]
     for name, step in report["steps"].items():
-        lines.append(f"{name}: {step.get('status')}" + (f" ({step['why']})" if step.get("why") else ""))
+        lines.append(f"{name}: {step.get('status', 'ok')}" + (f" ({step['why']})" if step.get("why") else "") + _step_numbers(step))
     for p in report["predictions"]:
         if p.get("predicted_tokens_per_second"):
             lines.append(f"{p['pair']}: predicted {p['predicted_tokens_per_second']:.1f} tok/s ({p['config']}), target alone "
                          f"{p['target_alone_tokens_per_second']:.2f}; {ANCHOR['system']} {ANCHOR['tokens_per_second']} tok/s on {ANCHOR['hardware']}")  # fmt: skip
     return lines
+
+
+def _step_numbers(step: dict) -> str:
+    """The few numbers a reader looks for on a step's line: test counts, bandwidths, placement."""
+    if "passed" in step:
+        return (f", {step['passed']} passed, {step.get('failed', 0)} failed, {step.get('errors', 0)} errors, "
+                f"{len(step.get('modules_not_imported', []))} test modules not imported")  # fmt: skip
+    if "host_to_device_gbps" in step:
+        return f", pinned host→device {step['host_to_device_gbps']:.1f} GB/s, device→host {step['device_to_host_gbps']:.1f} GB/s"
+    if step.get("placement"):
+        return f", {step['placement']}"
+    return ""
 
 
 if __name__ == "__main__":

@@ -14,14 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.catalog.hub import ensure_pair
-from ondevice.catalog.pairs import load_pair
-from ondevice.machine.facts import machine_facts
-from ondevice.prompt.sets import CHAT_EVAL, CODE_EVAL
-from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.protocols import Target
 from ondevice.reference import greedy_reference
-from ondevice.target.llama_target import LlamaTarget
 from ondevice.tree import DraftTree
 
 
@@ -138,6 +132,14 @@ def noise_by_size(target: Target, prompts: Sequence[Sequence[int]], sizes: Seque
 
 
 def main() -> None:
+    # Imported here: the numerics helpers above must import where llama.cpp is missing (the GPU machine).
+    from ondevice.catalog.hub import ensure_pair
+    from ondevice.catalog.pairs import load_pair
+    from ondevice.machine.facts import machine_facts
+    from ondevice.prompt.sets import CHAT_EVAL, CODE_EVAL
+    from ondevice.prompt.tokenizer import Tokenizer
+    from ondevice.target.llama_target import LlamaTarget
+
     parser = argparse.ArgumentParser(description="This machine's batch noise: logits of passes of n tokens vs one token at a time.")
     parser.add_argument("--sizes", default="2,8,64", help="pass sizes, comma-separated (at most 64)")
     parser.add_argument("--torch", action="store_true", help="also the 1.5B in our PyTorch target, fp32 (~1 min to load)")

@@ -31,9 +31,8 @@ from ondevice.paths import write_json
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.reference import greedy_reference
 from ondevice.target.llama_target import LlamaTarget
+from ondevice.vocabtrim.names import trimmed_paths
 
-TRIMMED_SUFFIX = ".vocab-trim.gguf"
-RECORD_SUFFIX = ".vocab-trim.json"
 TRIMMED_TENSORS = ("token_embd.weight", "output.weight")  # rows = vocabulary
 TOKENS_KEY = "tokenizer.ggml.tokens"
 TOKEN_TYPE_KEY = "tokenizer.ggml.token_type"
@@ -254,12 +253,6 @@ class TrimmedVocab:
             return cls(**record)
         except (OSError, ValueError, TypeError, KeyError) as err:
             raise OndeviceError(f"cannot read the VocabTrim record {path} ({err}); run `ondevice quant vocab-trim` again") from None
-
-
-def trimmed_paths(drafter: Path) -> tuple[Path, Path]:
-    """Where the trimmed GGUF and its record live: beside the drafter, named after it."""
-    stem = drafter.name.removesuffix(".gguf")
-    return drafter.with_name(stem + TRIMMED_SUFFIX), drafter.with_name(stem + RECORD_SUFFIX)
 
 
 def build_trimmed(drafter: Path, keep_ids: np.ndarray, calibration: str, reader: gguf.GGUFReader | None = None) -> TrimmedVocab:
