@@ -4,8 +4,9 @@
 threads, context, memory plan), opens the target and drafter (target/loader.py, draft/loader.py) and wires them.
 The files come from the catalog (`--model`) or are your own (`--target`, `--drafter`: a GGUF path or
 `hf:owner/repo:QUANT`), see catalog/choose.py. A drafter whose vocabulary differs from the target's
-only by padding is accepted (tokenizer.vocab_mismatch); without a drafter model the target runs with
-prompt lookup.
+only by padding is accepted (tokenizer.vocab_mismatch); without a drafter model (none compatible, or
+left out so that a streamed target keeps more layers) the planner weighs the free drafters (prompt
+lookup, suffix, recycle) against the target alone, as it weighs the drafter's trees where there is one.
 
 Public API: `ondevice.load(pair) -> Pipeline`; `Pipeline.stream(messages | prompt, ...)` yields
 `Record`s (text, token ids, how many came from the draft) and a final record with `stats`.
@@ -24,14 +25,14 @@ from ondevice.errors import OndeviceError
 from ondevice.draft.loader import with_lookup
 from ondevice.loading import Answers, LoadOptions, LoadPlan, plan_load, profile_backends, streaming_profile, time_alone
 from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.plan.arms import ArmBook, arm_of, load_book, save_book
+from ondevice.plan.arms import load_book
 from ondevice.plan.auto import AutoPlanner, regime_of
 from ondevice.plan.drafter_room import AlonePass, DrafterChoice, best_measured, choose_drafter
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.memory import MemoryPlan
 from ondevice.plan.profile import ProfileBackends, save_profile
 from ondevice.machine.ram import anon_rss, peak_rss
-from ondevice.protocols import DEFAULT_BUDGET, DraftSpec
+from ondevice.protocols import DraftSpec
 from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
 from ondevice.verify import Sampling
 
@@ -61,7 +62,6 @@ class Pipeline:
     overlap_choice: bool | None = None  # --overlap/--no-overlap; None: as the plan says
     drafter_choice: DrafterChoice | None = None  # a target streaming from disk: the drafter kept or left out, and why
     reload: Callable[[], "Pipeline"] | None = None  # this load again with the drafter left out
-    lean_book: ArmBook | None = None  # a streaming target without the drafter model: what its answers measured
 
     def note_choice(self, choice: DrafterChoice | None) -> None:
         self.drafter_choice = choice
@@ -88,20 +88,6 @@ class Pipeline:
             setattr(self, f.name, getattr(lean, f.name))
         self.note_choice(replace(choice, keep=False, with_drafter=measured, with_source="measured"))
 
-    def _book_drafter_less(self, spec: DraftSpec | None, stats: Stats) -> None:
-        """An answer of a streaming target without the drafter model (prompt lookup or the target alone,
-        unplanned) is booked in that regime's book: the next load weighs the drafter against what it
-        measured (rounds only, as the drafter's side is measured) instead of one timed pass."""
-        if self.memory is None or not self.memory.streams or self.backends is None or stats.tokens <= 0:
-            return
-        if self.engine.drafter is not None and self.engine.drafter.model is not None:
-            return
-        regime = regime_of(self.backends)
-        if self.lean_book is None:
-            self.lean_book = load_book(self.backends.pair, regime)
-        self.lean_book.observe(arm_of(spec), stats.tokens, stats.decode_seconds, None, audit=False, spt_incumbent=None)
-        save_book(self.lean_book, self.backends.pair, regime)
-
     def resolve(self, spec: DraftSpec | None, sampling: Sampling, context: int = 0) -> DraftSpec | None:
         """A spec with builder "auto" becomes the planner's choice for this machine (or None: target only)
         for the first round of an answer over `context` tokens; sets `plan` to the incumbent's plan
@@ -109,8 +95,6 @@ class Pipeline:
         self.plan = None
         if spec is None or self.engine.drafter is None:
             return None
-        if spec.builder == "auto" and self.engine.drafter.model is None:  # no drafter model: prompt lookup
-            return DraftSpec("lookup", spec.budget or DEFAULT_BUDGET["lookup"], spec.temperature, spec.sample_children, spec.seed)
         if spec.builder != "auto":
             return spec
         planned = self.auto_planner().spec(sampling, context=context, budget=spec.budget or None)  # --budget: trees of that size
@@ -203,8 +187,6 @@ class Pipeline:
             else:
                 if planner is not None:
                     planner.finish(item, list(prompt_ids) + answer)
-                else:
-                    self._book_drafter_less(spec, item)
                 yield Record(decoder.flush(), [], 0, stats=item)
         self._leave_out_drafter_measured_slower()
 

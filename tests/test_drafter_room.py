@@ -176,26 +176,30 @@ def scaled(c, factor: float):
     return type(c)(c.ns, tuple(s * factor for s in c.seconds))
 
 
-def test_the_drafter_less_answers_are_booked_and_weighed_at_the_next_load(tiny_home, monkeypatch):  # noqa: F811
+def test_the_drafter_less_answers_are_planned_booked_and_weighed_at_the_next_load(tiny_home, monkeypatch):  # noqa: F811
     stream_tiny_target(tiny_home, monkeypatch)
     load = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
     with_drafter, without = regimes(tiny_home)
+    with ondevice.load("tiny", draft=False, **load) as alone:
+        reference, _ = answer(alone, None)
     with ondevice.load("tiny", keep_drafter=False, **load) as pipe:  # --drop-drafter
         for _ in range(6):
             tokens, stats = answer(pipe, DraftSpec("auto", 0))
-        assert pipe.lean_book.arms["lookup"].tokens > 0
+            assert tokens == reference  # the free drafters or the target alone, as the planner chose: the same answer
+        assert pipe.planner.regime == without and not pipe.planner.has_drafter
+        assert set(pipe.planner.book.arms) <= {"target", "lookup", "suffix", "recycle"}  # no drafter model: no tree of its
     saved = load_book("tiny", without)  # at half weight, as the next load reads it
-    assert saved.arms["lookup"].tokens >= MEASURED_TOKENS and best_measured(saved) > 0
+    assert sum(arm.tokens for arm in saved.arms.values()) >= MEASURED_TOKENS and best_measured(saved) > 0  # faded, halved
     save_book(book(**{"best-first@8": (100, 1000.0)}), "tiny", with_drafter)  # speculation measured 0.1 tok/s
     with ondevice.load("tiny", **load) as pipe:
         choice = pipe.drafter_choice
         assert choice.without_source == "measured" and choice.without == pytest.approx(best_measured(saved))
         assert not choice.keep and pipe.engine.drafter.model is None
     save_book(book(**{"best-first@8": (10**7, 1.0)}), "tiny", with_drafter)
-    with ondevice.load("tiny", **load) as pipe:  # a drafter kept: its answers are the planner's, not this book's
+    with ondevice.load("tiny", **load) as pipe:  # a drafter kept: its answers go to the drafter's regime
         assert pipe.drafter_choice.keep
         answer(pipe, DraftSpec("auto", 0))
-        assert pipe.lean_book is None
+        assert pipe.planner.regime == with_drafter
 
 
 def test_a_drafter_kept_on_a_prediction_is_left_out_once_measured_slower(tiny_home, monkeypatch):  # noqa: F811
@@ -236,5 +240,5 @@ def test_bench_runs_auto_on_a_pipeline_without_the_drafter_model(tiny_home, monk
         assert pipe.engine.drafter.model is None
         ids = [pipe.encode_chat(MESSAGES)]
         rows = [result for result, _ in bench_specs(pipe, ids, [None, DraftSpec("auto", 0)], 16, Sampling(), as_json=True)]
-    assert [r.builder for r in rows] == ["none", "auto"] and rows[1].predicted_tokens_per_second is None
-    assert rows[1].same_as_target == 1  # prompt lookup's answer is the target alone's
+    assert [r.builder for r in rows] == ["none", "auto"] and rows[1].predicted_tokens_per_second > 0  # planned: priced
+    assert rows[1].same_as_target == 1  # the free drafters' answer is the target alone's

@@ -11,7 +11,7 @@ import time
 
 
 from ondevice.plan.curve import LatencyCurve
-from ondevice.plan.timing import CpuMeter, Sample, Timing, time_sizes
+from ondevice.plan.timing import WARM_UP_CALLS, CpuMeter, Sample, Timing, time_sizes, warm_up
 
 SIZES = (1, 2, 4, 8)
 SECONDS_PER_UNIT = 0.004  # a call of size n computes ~n·4 ms on one core
@@ -118,3 +118,31 @@ def test_quiet_samples_win_over_disturbed_ones():
     assert timing.seconds(1) == 0.1 and timing.seconds(2) == 0.3
     assert timing.busy  # size 2 has no quiet sample
     assert isinstance(timing.curve, LatencyCurve)
+
+
+def cooling(first_seconds: list[float], then: float):
+    """A call that takes first_seconds[k] on its k-th call, then `then` (a page cache filling up)."""
+    made: list[int] = []
+
+    def call(n: int) -> None:
+        made.append(n)
+        k = len(made) - 1
+        time.sleep(first_seconds[k] if k < len(first_seconds) else then)
+
+    return call, made
+
+
+def test_warm_up_lasts_until_two_calls_agree():
+    """The default pair streamed under 1.2 GB, scaled down 4x: 1.3, 0.46, 0.39 s, then ~0.12 s per pass."""
+    call, made = cooling([0.33, 0.115, 0.0975], 0.03)
+    assert warm_up(call, 1) == 5 == len(made)  # 0.115 / 0.0975 is more than SETTLED apart; 0.03 twice is not
+    call, made = cooling([], 0.02)
+    assert warm_up(call, 1) == 2  # a steady call: two calls
+    call, made = cooling([0.01 * 1.5**k for k in range(WARM_UP_CALLS + 2)], 0.0)
+    assert warm_up(call, 1) == WARM_UP_CALLS  # never settles: bounded
+
+
+def test_a_slow_start_does_not_become_the_timing():
+    call, _ = cooling([0.33, 0.115, 0.0975], 0.03)
+    timing = time_sizes((1,), call, pause=0.0)
+    assert timing.seconds(1) < 0.06  # with one warm-up call, its two samples were 0.115 and 0.0975 s

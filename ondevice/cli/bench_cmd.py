@@ -102,7 +102,7 @@ def run_auto(pipe, prompts: list[list[int]], spec, max_tokens: int, sampling: Sa
         plans.append(pipe.plan)
         advance()
     result.config = "auto: " + rounds_text(dict(rounds)) + " (rounds)"
-    planned = [p.predicted_tokens_per_second for p in plans if p is not None]  # None: no planner (no drafter model: prompt lookup)
+    planned = [p.predicted_tokens_per_second for p in plans if p is not None]
     result.predicted_tokens_per_second = sum(planned) / len(planned) if planned else None
     return result, outputs
 

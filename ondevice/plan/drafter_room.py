@@ -13,8 +13,8 @@ So where the target streams with the drafter, the load compares two rates, measu
                          ≥ MEASURED_TOKENS tokens), else the cost model's best plan on the streaming
                          profile (a prediction: the first load of a pair)
     without it           the fastest arm measured in the drafter-less regime (a pipeline without the
-                         drafter model answers by prompt lookup or the target alone, unplanned, and
-                         books each answer's decoding there: Pipeline._book_drafter_less), else the
+                         drafter model is planned too: its planner weighs the free drafters against
+                         the target alone and books every round in that regime's book), else the
                          target's 1-token pass under the drafter-less memory plan, timed once per
                          profile in the process that will load it (`AlonePass`, loading.time_alone;
                          timed afresh when the drafter-less plan keeps another number of layers)

@@ -20,6 +20,10 @@ during such a minute is wrong for as long as it is kept. So the calls are timed 
 - **The curve's shape is checked**: a pass over more tokens never costs less than one over fewer,
   so a size that measured more than SHAPE_SLACK slower than a larger one was disturbed in a way the
   meter missed (a burst shorter than its 10 ms ticks) and is sampled again.
+- **Warmed up until settled**: calls before the first sample until two in a row agree within
+  SETTLED (at most WARM_UP_CALLS): a target streamed from disk fills the page cache with its kept
+  layers over its first passes after loading (under 1.2 GB, default pair without the drafter, 1-token
+  passes of 1.3, 0.46, 0.39 s, then 0.09–0.15 s: one warm-up call left a timing of 0.27–0.35 s).
 - **Useless sizes are skipped**: the first sweep goes up in n and stops growing once `enough`
   says so (the profile stops where no draft tree could pay for a pass that slow).
 
@@ -48,6 +52,8 @@ MAX_SWEEPS = 6
 PAUSE_SECONDS = 0.5  # between sweeps that found the machine busy
 SHAPE_SLACK = 1.10  # t(n) may exceed t(n') for n < n' by this much (noise) before n is sampled again
 MAX_CALLS_PER_SAMPLE = 64
+SETTLED = 1.15  # warm-up ends when two calls in a row are within this factor of each other ...
+WARM_UP_CALLS = 8  # ... or after this many calls
 
 
 class CpuMeter:
@@ -135,6 +141,20 @@ def _sample(call: Callable[[int], None], n: int, calls: int, meter: CpuMeter) ->
     return Sample(wall / calls, wall, meter.others_seconds(before, after))
 
 
+def warm_up(call: Callable[[int], None], n: int) -> int:
+    """Call call(n) until two calls in a row take within SETTLED of each other (at most
+    WARM_UP_CALLS); returns the calls made."""
+    last = None
+    for made in range(1, WARM_UP_CALLS + 1):
+        start = time.perf_counter()
+        call(n)
+        seconds = time.perf_counter() - start
+        if last is not None and max(seconds, last) <= SETTLED * min(seconds, last):
+            return made
+        last = seconds
+    return WARM_UP_CALLS
+
+
 def _calls_for(seconds: float) -> int:
     return max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_SECONDS / max(seconds, 1e-6))))
 
@@ -159,7 +179,7 @@ def timing_steps(
     every sample, returns the Timing. enough(timing, n): sweep 1 stops growing n after this size."""
     meter = meter or CpuMeter()
     timing = Timing()
-    call(sizes[0])  # warm-up: first-call allocations are not the machine
+    warm_up(call, sizes[0])  # first-call allocations and a cold page cache are not the machine
     per_call: dict[int, float] = {}
     for n in sorted(sizes):  # sweep 1: upwards, stopping where larger sizes cannot be worth timing
         first = _sample(call, n, 1, meter)

@@ -133,3 +133,15 @@ HELDOUT12_CHAT = [
     "What are some good habits for saving money each month?",
     "Why is the sky blue during the day and red at sunset?",
 ]
+
+HELDOUT13_CODE = [  # written before the final measurement of stop 38 (the drafter-less regime planned), measured once
+    "Write a Rust function that returns the second largest number in a slice.",
+    "Write a JavaScript function that debounces another function.",
+    "Write a SQL query that lists the five customers with the most orders.",
+]
+
+HELDOUT13_CHAT = [
+    "What should I pack for a three-day hiking trip?",
+    "How does a credit score get calculated?",
+    "Why do cats purr?",
+]
