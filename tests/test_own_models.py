@@ -91,13 +91,14 @@ def no_network(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_without_a_compatible_drafter_the_target_runs_with_prompt_lookup(tiny, no_network, capsys):
+def test_without_a_compatible_drafter_the_planner_runs_the_free_drafters(tiny, no_network, capsys):
     pipe = load(target=str(tiny["target"]), target_backend="llama", ctx=256, threads=1)
     assert pipe.engine.drafter.model is None and "no compatible drafter found" in capsys.readouterr().err
     prompt = "one two three four five six one two three four five six one two three"
     ids = pipe.encode_prompt(prompt)
     records = list(pipe.stream_tokens(ids, max_tokens=30, spec=DraftSpec("auto", budget=0)))
-    assert records[-1].stats.spec.builder == "lookup"
+    rounds = records[-1].stats.rounds_by_config  # planned: the target alone or a free drafter, round by round
+    assert pipe.plan is not None and rounds and all(c == "target" or c.split("@")[0] in ("lookup", "suffix", "recycle") for c in rounds)
     alone = load(target=str(tiny["target"]), draft=False, target_backend="llama", ctx=256, threads=1)
     reference = [t for r in alone.stream_tokens(ids, max_tokens=30, spec=None) for t in r.token_ids]
     assert [t for r in records for t in r.token_ids] == reference
