@@ -145,3 +145,15 @@ HELDOUT13_CHAT = [
     "How does a credit score get calculated?",
     "Why do cats purr?",
 ]
+
+HELDOUT14_CODE = [  # written before the final measurement of stop 38 (after the timing warm-up), measured once
+    "Write a C function that reverses a singly linked list.",
+    "Write a Python class for a stack with push, pop and peek.",
+    "Write a TypeScript function that groups an array of objects by a key.",
+]
+
+HELDOUT14_CHAT = [
+    "How do vaccines train the immune system?",
+    "What is a good way to start learning to draw?",
+    "Why does bread go stale?",
+]

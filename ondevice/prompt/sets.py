@@ -9,7 +9,7 @@ from ondevice.prompt.heldout import (
     HELDOUT2_CHAT, HELDOUT2_CODE, HELDOUT3_CHAT, HELDOUT3_CODE, HELDOUT4_CHAT, HELDOUT4_CODE, HELDOUT5_CHAT, HELDOUT5_CODE, HELDOUT6_CHAT, HELDOUT6_CODE,
     HELDOUT7_CHAT, HELDOUT7_CODE, HELDOUT8_CHAT, HELDOUT8_CODE, HELDOUT9_CHAT, HELDOUT9_CODE,
     HELDOUT10_CHAT, HELDOUT10_CODE, HELDOUT11_CHAT, HELDOUT11_CODE, HELDOUT12_CHAT, HELDOUT12_CODE,
-    HELDOUT13_CHAT, HELDOUT13_CODE,
+    HELDOUT13_CHAT, HELDOUT13_CODE, HELDOUT14_CHAT, HELDOUT14_CODE,
     HELDOUT_CHAT, HELDOUT_CODE,
 )
 
@@ -376,7 +376,8 @@ SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "
         "heldout10-code": HELDOUT10_CODE, "heldout10-chat": HELDOUT10_CHAT,
         "heldout11-code": HELDOUT11_CODE, "heldout11-chat": HELDOUT11_CHAT,
         "heldout12-code": HELDOUT12_CODE, "heldout12-chat": HELDOUT12_CHAT,
-        "heldout13-code": HELDOUT13_CODE, "heldout13-chat": HELDOUT13_CHAT}
+        "heldout13-code": HELDOUT13_CODE, "heldout13-chat": HELDOUT13_CHAT,
+        "heldout14-code": HELDOUT14_CODE, "heldout14-chat": HELDOUT14_CHAT}
 
 
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
