@@ -133,16 +133,16 @@ def cooling(first_seconds: list[float], then: float):
 
 
 def test_warm_up_lasts_until_two_calls_agree():
-    """The default pair streamed under 1.2 GB, scaled down 4x: 1.3, 0.46, 0.39 s, then ~0.12 s per pass."""
-    call, made = cooling([0.33, 0.115, 0.0975], 0.03)
-    assert warm_up(call, 1) == 5 == len(made)  # 0.115 / 0.0975 is more than SETTLED apart; 0.03 twice is not
-    call, made = cooling([], 0.02)
+    """The default pair streamed under 1.2 GB, roughly scaled down: 1.3, 0.46, 0.39 s, then ~0.12 s per pass."""
+    call, made = cooling([0.33, 0.13, 0.10], 0.04)
+    assert warm_up(call, 1) == 5 == len(made)  # 0.13 / 0.10 is more than SETTLED apart; 0.04 twice is not
+    call, made = cooling([], 0.04)
     assert warm_up(call, 1) == 2  # a steady call: two calls
     call, made = cooling([0.01 * 1.5**k for k in range(WARM_UP_CALLS + 2)], 0.0)
     assert warm_up(call, 1) == WARM_UP_CALLS  # never settles: bounded
 
 
 def test_a_slow_start_does_not_become_the_timing():
-    call, _ = cooling([0.33, 0.115, 0.0975], 0.03)
+    call, _ = cooling([0.33, 0.13, 0.10], 0.04)
     timing = time_sizes((1,), call, pause=0.0)
-    assert timing.seconds(1) < 0.06  # with one warm-up call, its two samples were 0.115 and 0.0975 s
+    assert timing.seconds(1) < 0.07  # with one warm-up call, its two samples were 0.13 and 0.10 s
