@@ -19,7 +19,7 @@ from ondevice.errors import OndeviceError
 from ondevice.kvcache import kept_prefix
 from ondevice.overlap import Guess, Overlap
 from ondevice.machine.ram import disk_read_bytes
-from ondevice.protocols import Drafter, DraftSpec, StreamCounters, Target, config_label
+from ondevice.protocols import TARGET_FREE, Drafter, DraftSpec, StreamCounters, Target, config_label
 from ondevice.tree import DraftTree
 from ondevice.verify import Sampling, verify
 
@@ -251,7 +251,8 @@ class SpecEngine:
                 learn(tree, logits, verdict.path)
             if guess is not None:
                 prepared = guess.next_tree(verdict)
-            label = config_label(spec)
+            drafted = spec is not None and (spec.builder != TARGET_FREE or len(tree) > 1)
+            label = config_label(spec if drafted else None)  # the target alone's round drafted nothing: "target"
             stats.rounds_by_config[label] = stats.rounds_by_config.get(label, 0) + 1
             if observe is not None:
                 now = time.perf_counter()

@@ -66,6 +66,8 @@ MODEL_BUILDERS = ("chain", "best-first", "multi-seq", "hybrid")
 # the target's recycled candidates (draft/recycle.py)
 FREE_BUILDERS = ("lookup", "suffix", "recycle")
 BUILDERS = MODEL_BUILDERS + FREE_BUILDERS
+# the planner's rounds of the target alone: the free sources' merged tree, sized to the pass (never a --tree)
+TARGET_FREE = "free"
 # drafted nodes per pass when --budget is not given; free trees: passes of <= 7 tokens (cheap on a CPU
 # target); hybrid: best-first's budget (the free nodes take part of it)
 DEFAULT_BUDGET = {"chain": 4, "best-first": 16, "multi-seq": 8, "hybrid": 16, "lookup": 6, "suffix": 6, "recycle": 6}
@@ -82,11 +84,18 @@ class DraftSpec:
     sample_children: bool = False  # draw children without replacement from q (Sequoia's rule) instead of top-k
     seed: int = 0
     max_depth: int | None = None  # best-first: no node deeper than this (the planner's depth); None: unbounded
+    # a free round sized to its pass (the planner's): the target's pass seconds over 1, 2, … budget + 1
+    # tokens; the tree is cut to the size whose expected tokens pay best for them (draft/sizing.py).
+    # None: the whole budget
+    pass_seconds: tuple[float, ...] | None = None
 
 
 def config_label(spec: DraftSpec | None) -> str:
-    """How a round was drafted, as bench rows and stats lines name it: "target" or "<builder>@<budget>"."""
-    return "target" if spec is None or spec.budget <= 0 else f"{spec.builder}@{spec.budget}"
+    """How a round was drafted, as bench rows and stats lines name it: "target", "target+free" (the
+    target alone's round with the free drafts that pay for its pass), or "<builder>@<budget>"."""
+    if spec is None or spec.budget <= 0:
+        return "target"
+    return "target+free" if spec.builder == TARGET_FREE else f"{spec.builder}@{spec.budget}"
 
 
 class Drafter(Protocol):

@@ -17,9 +17,9 @@ import pytest
 
 from ondevice.engine import RoundReport
 from ondevice.plan import auto as autoplan
-from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, load_book, save_book
+from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, arm_of, load_book, save_book
 from ondevice.plan.curve import Curves, LatencyCurve
-from ondevice.protocols import FREE_BUILDERS as FREE, DraftSpec
+from ondevice.protocols import FREE_BUILDERS as FREE, TARGET_FREE, DraftSpec
 from ondevice.tree import DraftTree
 from ondevice.verify import Sampling
 
@@ -129,7 +129,7 @@ def play_round(planner, spec: DraftSpec | None, context: int, rng) -> int:
     """One round as the real pair runs on an AVX-512 EPYC in RAM: the target's quiet curve, the
     drafter's calls per level, each drafted token accepted with p = 0.8. Returns tokens emitted."""
     budget = spec.budget if spec is not None else 0
-    if spec is not None and spec.builder in FREE:
+    if spec is not None and spec.builder in (*FREE, TARGET_FREE):
         budget = 0  # prose: no earlier occurrence to copy, nothing recycled
     tree = DraftTree.chain(7, list(range(100, 100 + budget)))
     accepted = 0
@@ -161,7 +161,7 @@ def test_a_poisoned_profile_is_corrected_within_one_answer(tmp_path, monkeypatch
 
 def test_a_right_profile_keeps_the_target_alone_from_the_first_round(tmp_path, monkeypatch):
     planner = make_planner(tmp_path, monkeypatch, QUIET_TARGET)
-    assert planner.spec(Sampling(), context=40) is None
+    assert arm_of(planner.spec(Sampling(), context=40)) == "target"  # (its rounds sized suffix drafts: none on prose)
     rng = np.random.default_rng(1)
     context, played = 40, []
     spec = None

@@ -10,6 +10,7 @@ import pytest
 
 from ondevice.engine import RoundReport
 from ondevice.plan import auto as autoplan
+from ondevice.plan.arms import arm_of
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.plan.fallback import LookupTracker, fallback_plan, follow, lookup_plan, replay
 from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
@@ -129,7 +130,7 @@ def test_planner_replays_target_only_answers_then_switches_to_lookup(tmp_path, m
     profile = SimpleNamespace(curves=Curves(CPU_TARGET, SLOW_DRAFTER), overlap_possible=False)
     monkeypatch.setattr(autoplan, "saved_profile", lambda backends: profile)
     planner = autoplan.AutoPlanner(SimpleNamespace(pair="toy", make_decode_batch=lambda: None))
-    assert planner.spec(Sampling()) is None and "using the target alone" in planner.plan.fallback_reason
+    assert arm_of(planner.spec(Sampling())) == "target" and "using the target alone" in planner.plan.fallback_reason
     prompt = SNIPPET + [7000, 7001]
     for _ in range(3):  # three answers that copy the prompt's code, decoded by the target alone
         stats = SimpleNamespace(target_passes=120, overhead_seconds=0.0, prompt_tokens=len(prompt))

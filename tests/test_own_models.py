@@ -98,7 +98,7 @@ def test_without_a_compatible_drafter_the_planner_runs_the_free_drafters(tiny, n
     ids = pipe.encode_prompt(prompt)
     records = list(pipe.stream_tokens(ids, max_tokens=30, spec=DraftSpec("auto", budget=0)))
     rounds = records[-1].stats.rounds_by_config  # planned: the target alone or a free drafter, round by round
-    assert pipe.plan is not None and rounds and all(c == "target" or c.split("@")[0] in ("lookup", "suffix", "recycle") for c in rounds)
+    assert pipe.plan is not None and rounds and all(c in ("target", "target+free") or c.split("@")[0] in ("lookup", "suffix", "recycle") for c in rounds)
     alone = load(target=str(tiny["target"]), draft=False, target_backend="llama", ctx=256, threads=1)
     reference = [t for r in alone.stream_tokens(ids, max_tokens=30, spec=None) for t in r.token_ids]
     assert [t for r in records for t in r.token_ids] == reference

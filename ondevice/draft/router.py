@@ -10,6 +10,11 @@ pipeline, so they keep what this session taught them:
            holds every prompt and answer drafted for, not only the rounds it drafted.
 - recycle: TokenRecycler, filled by `learn` (the engine's hook after every verification).
 - lookup:  PromptLookupDrafter (stateless).
+
+A free round whose spec carries the target's pass times (the planner's) is sized: its tree, re-priced
+by its source's record, is cut to the nodes that pay for their pass (draft/sizing.py), so a weak match
+costs a pass of the root alone and a long copy a long chain. TARGET_FREE ("free", the planner's
+rounds of the target alone) sizes the three free sources' merged tree, as hybrid trees are seeded.
 - hybrid:  the three free trees, each re-priced by its source's record (draft/calibrate.py: how
            often its proposals came true, judged against the next round's context) and merged
            (free_tree.merge_trees), handed to the drafter model, which grows its best-first search
@@ -27,9 +32,10 @@ import numpy as np
 from ondevice.draft.calibrate import SourceRecord
 from ondevice.draft.free_tree import for_rule, merge_trees
 from ondevice.draft.recycle import TokenRecycler
+from ondevice.draft.sizing import sized
 from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.errors import OndeviceError
-from ondevice.protocols import BUILDERS, MODEL_BUILDERS, Drafter, DraftSpec
+from ondevice.protocols import BUILDERS, FREE_BUILDERS, MODEL_BUILDERS, TARGET_FREE, Drafter, DraftSpec
 from ondevice.tree import DraftTree
 
 
@@ -44,18 +50,18 @@ class DraftRouter:
         self.last_builder: str | None = None  # of the last tree drafted (the target alone drafts none)
 
     def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
-        if spec.builder not in BUILDERS:
+        if spec.builder not in BUILDERS and spec.builder != TARGET_FREE:
             raise OndeviceError(f"unknown draft builder {spec.builder!r}; choose one of {', '.join(BUILDERS)}.")
         self.last_builder = spec.builder
         if len(context):
             self.suffix.index.sync(context)  # history, whatever builds this tree
             self.record.observe(context)  # the last hybrid round's proposals, judged by what the target emitted
-        if spec.builder == "lookup":
-            return self.lookup.draft(context, spec)
-        if spec.builder == "suffix":
-            return self.suffix.draft(context, spec)
-        if spec.builder == "recycle":
-            return self.recycler.draft(context, spec)
+        if spec.builder == TARGET_FREE:
+            return self.sized(self.free_tree(context, spec), spec)
+        if spec.builder in FREE_BUILDERS:
+            if spec.pass_seconds is not None:
+                return self.sized_free_tree(context, spec)
+            return self.free_source(spec.builder).draft(context, spec)
         if spec.builder == "hybrid":
             free = self.free_tree(context, spec)
             return self.model.draft(context, spec, free) if self.model is not None else for_rule(
@@ -63,6 +69,21 @@ class DraftRouter:
         if self.model is None:
             raise OndeviceError(f"the {spec.builder} tree needs the drafter model, which is not loaded (--no-draft, or left out to keep more of a streaming target's layers in RAM: start with --tree {spec.builder} to load it); use --tree lookup.")
         return self.model.draft(context, spec)
+
+    def free_source(self, builder: str) -> Drafter:
+        return {"lookup": self.lookup, "suffix": self.suffix, "recycle": self.recycler}[builder]
+
+    def sized_free_tree(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
+        """The free source's tree, each step priced by the source's record, cut to the size that
+        pays for its pass (draft/sizing.py); the proposals are judged against what the target emits."""
+        tree = self.free_source(spec.builder).draft(context, replace(spec, sample_children=False))
+        self.record.propose(context, {spec.builder: tree})
+        return self.sized(merge_trees([self.record.price(spec.builder, tree)], spec.budget), spec)  # best-first again
+
+    def sized(self, priced: DraftTree, spec: DraftSpec) -> DraftTree:
+        """A priced best-first tree cut to what pays for its pass, as the spec's verification rule needs it."""
+        tree = sized(priced, spec.pass_seconds) if spec.pass_seconds is not None else priced
+        return for_rule(tree, spec.sample_children, spec.temperature, self.n_vocab)
 
     def free_tree(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
         """The free drafters' proposals for this round, each priced by its source's record, merged and

@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ondevice.paths import home, read_state, write_json
-from ondevice.protocols import FREE_BUILDERS, DraftSpec
+from ondevice.protocols import FREE_BUILDERS, TARGET_FREE, DraftSpec
 
 PRIOR_TOKENS = 8.0  # W: a prediction's worth, in measured tokens
 OPTIMISM = 2.0  # how far off a prediction may be; an unmeasured arm may be this much faster
@@ -62,8 +62,9 @@ FAMILIES = ("target", "lookup", "model")
 
 
 def arm_of(spec: DraftSpec | None) -> str:
-    """The arm a round's spec runs: "target", "lookup", or "<builder>@<budget>"."""
-    if spec is None or spec.budget <= 0:
+    """The arm a round's spec runs: "target" (also with the free drafts that pay for its pass: TARGET_FREE,
+    draft/sizing.py), "lookup", or "<builder>@<budget>"."""
+    if spec is None or spec.budget <= 0 or spec.builder == TARGET_FREE:
         return "target"
     if spec.builder in FREE_BUILDERS:
         return spec.builder  # at the budget its tracker prefers

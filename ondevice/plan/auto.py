@@ -36,11 +36,11 @@ from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
 from ondevice.plan.cost_model import Plan, predict
 from ondevice.plan.curve import Curves, LatencyCurve, provisional_curve, upto
-from ondevice.plan.fallback import LookupTracker, lookup_plan, replay
+from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, LookupTracker, lookup_plan, replay
 from ondevice.plan.model_arms import BuilderGains, model_plans
 from ondevice.plan.profile import Profile, get_profile, new_profile, profile_steps, save_profile, saved_profile
 from ondevice.plan.rescale import PassTimes, context_growth
-from ondevice.protocols import DraftSpec
+from ondevice.protocols import TARGET_FREE, DraftSpec
 from ondevice.verify import Sampling
 
 CPU_MAX_TREE = 256  # on a CPU target the pass cost grows steeply; never worth profiling bigger trees
@@ -109,6 +109,7 @@ class AutoPlanner:
         self._regime_start = 0  # pass count when the last jump's passes began
         self._settling = 0  # rounds left to re-price every round after a jump
         self._priced_curve: np.ndarray | None = None
+        self._free_pass_seconds: tuple[float, ...] = ()  # a sized round's pass seconds over 1 … cap + 1 tokens
 
     # --- curves -------------------------------------------------------------------------------------
     def _start_pass_times(self) -> None:
@@ -140,6 +141,11 @@ class AutoPlanner:
         trees=False keeps the drafter's trees as last priced (pricing them takes ~30 ms)."""
         target_curve = self.pass_times.curve(self.context)
         self._priced_curve, self._rounds_since_price = np.asarray(target_curve.seconds), 0
+        # free rounds are sized only on a measured curve: the provisional one (n tokens cost n passes) would
+        # never let a round draft, and the passes that could teach it otherwise (the free arms' fixed trees) not run
+        cap = max(1, min(self.fixed_budget or MAX_LOOKUP_BUDGET, self.max_tree - 1))  # a sized round's nodes at most
+        self._free_pass_seconds = tuple(float(target_curve(k)) + self.overhead_per_pass for k in range(1, cap + 2)) \
+            if self.profile is not None else ()
         known = self.profile is not None or self.pass_times.passes > 0  # a provisional curve needs one pass
         t1 = target_curve(1) + self.overhead_per_pass
         alone = Plan("target-only", 0, 0, 1.0, 1.0 / t1, 1.0 / t1, False)
@@ -256,7 +262,12 @@ class AutoPlanner:
     def _next_spec(self) -> DraftSpec | None:
         self.playing, self.auditing = self.book.next_arm(self.prices, switch_cost=self._switch_cost)
         plan = self.plans.get(self.playing, self.plans["target"])
-        return plan.draft_spec(temperature=self._sampling.temperature, seed=self._sampling.seed)
+        spec = plan.draft_spec(temperature=self._sampling.temperature, seed=self._sampling.seed)
+        if not self._free_pass_seconds or (spec is not None and self.playing not in self.free):
+            return spec  # a tree of the drafter model (or nothing priced yet)
+        if spec is None:  # the target alone: with the free drafts that pay for its pass (draft/sizing.py)
+            spec = DraftSpec(TARGET_FREE, 0, temperature=self._sampling.temperature, seed=self._sampling.seed)
+        return replace(spec, budget=len(self._free_pass_seconds) - 1, pass_seconds=self._free_pass_seconds)
 
     def _switch_cost(self, arm: str) -> float:
         """Seconds to start drafting with the model mid-answer: its cache catches up on the tokens
@@ -290,7 +301,10 @@ class AutoPlanner:
         switch = family_of(arm) == "model" and self._last_family not in (None, "model")  # the drafter caught up first
         spt_incumbent = self.book.incumbent_spt
         price = self.prices.get(arm, Price(None))
-        self.book.observe(arm, len(report.path), report.round_seconds, price.after_pass(report.pass_seconds),
+        # a sized round of the target alone that drafted: its pass is not the 1-token pass priced (what the
+        # drafts saved against that price is the arm's to learn, not the curve's)
+        predicted = price.spt if arm == "target" and n > 1 else price.after_pass(report.pass_seconds)
+        self.book.observe(arm, len(report.path), report.round_seconds, predicted,
                           self.auditing and arm == self.playing, spt_incumbent, switch)
         self._last_family = family_of(arm)
         self._drafter_lag = 1 if family_of(arm) == "model" else self._drafter_lag + len(report.path)

@@ -5,6 +5,7 @@ EVAL prompts are held out from those and used to measure them; the held-out sets
 streaming figures come from are in prompt/heldout.py.
 """
 
+from ondevice.prompt.heldout_edits import HELDOUT15_AGENT, HELDOUT15_EDIT
 from ondevice.prompt.heldout import (
     HELDOUT2_CHAT, HELDOUT2_CODE, HELDOUT3_CHAT, HELDOUT3_CODE, HELDOUT4_CHAT, HELDOUT4_CODE, HELDOUT5_CHAT, HELDOUT5_CODE, HELDOUT6_CHAT, HELDOUT6_CODE,
     HELDOUT7_CHAT, HELDOUT7_CODE, HELDOUT8_CHAT, HELDOUT8_CODE, HELDOUT9_CHAT, HELDOUT9_CODE,
@@ -377,7 +378,8 @@ SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "
         "heldout11-code": HELDOUT11_CODE, "heldout11-chat": HELDOUT11_CHAT,
         "heldout12-code": HELDOUT12_CODE, "heldout12-chat": HELDOUT12_CHAT,
         "heldout13-code": HELDOUT13_CODE, "heldout13-chat": HELDOUT13_CHAT,
-        "heldout14-code": HELDOUT14_CODE, "heldout14-chat": HELDOUT14_CHAT}
+        "heldout14-code": HELDOUT14_CODE, "heldout14-chat": HELDOUT14_CHAT,
+        "heldout15-edit": HELDOUT15_EDIT, "heldout15-agent": HELDOUT15_AGENT}
 
 
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
