@@ -10,16 +10,16 @@ pipeline, so they keep what this session taught them:
            holds every prompt and answer drafted for, not only the rounds it drafted.
 - recycle: TokenRecycler, filled by `learn` (the engine's hook after every verification).
 - lookup:  PromptLookupDrafter (stateless).
-
-A free round whose spec carries the target's pass times (the planner's) is sized: its tree, re-priced
-by its source's record, is cut to the nodes that pay for their pass (draft/sizing.py), so a weak match
-costs a pass of the root alone and a long copy a long chain. TARGET_FREE ("free", the planner's
-rounds of the target alone) sizes the three free sources' merged tree, as hybrid trees are seeded.
 - hybrid:  the three free trees, each re-priced by its source's record (draft/calibrate.py: how
            often its proposals came true, judged against the next round's context) and merged
            (free_tree.merge_trees), handed to the drafter model, which grows its best-first search
            from them under the same budget (draft/hybrid.py). Without a drafter model it is the
            merged free tree alone.
+
+A free round whose spec carries the target's pass times (the planner's) is sized: its tree, re-priced
+by its source's record, is cut to the nodes that pay for their pass (draft/sizing.py), so a weak match
+costs a pass of the root alone and a long copy a long chain. TARGET_FREE ("free", the planner's
+rounds of the target alone) sizes the three free sources' merged tree, as hybrid trees are seeded.
 """
 
 from __future__ import annotations
