@@ -59,8 +59,8 @@ class DraftRouter:
         if spec.builder == TARGET_FREE:
             return self.sized(self.free_tree(context, spec), spec)
         if spec.builder in FREE_BUILDERS:
-            if spec.pass_seconds is not None:
-                return self.sized_free_tree(context, spec)
+            if spec.pass_seconds is not None:  # the planner's free arm: its source's tree, priced and sized
+                return self.sized(self.free_tree(context, spec, (spec.builder,)), spec)
             return self.free_source(spec.builder).draft(context, spec)
         if spec.builder == "hybrid":
             free = self.free_tree(context, spec)
@@ -73,27 +73,17 @@ class DraftRouter:
     def free_source(self, builder: str) -> Drafter:
         return {"lookup": self.lookup, "suffix": self.suffix, "recycle": self.recycler}[builder]
 
-    def sized_free_tree(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
-        """The free source's tree, each step priced by the source's record, cut to the size that
-        pays for its pass (draft/sizing.py); the proposals are judged against what the target emits."""
-        tree = self.free_source(spec.builder).draft(context, replace(spec, sample_children=False))
-        self.record.propose(context, {spec.builder: tree})
-        return self.sized(merge_trees([self.record.price(spec.builder, tree)], spec.budget), spec)  # best-first again
-
     def sized(self, priced: DraftTree, spec: DraftSpec) -> DraftTree:
         """A priced best-first tree cut to what pays for its pass, as the spec's verification rule needs it."""
         tree = sized(priced, spec.pass_seconds) if spec.pass_seconds is not None else priced
         return for_rule(tree, spec.sample_children, spec.temperature, self.n_vocab)
 
-    def free_tree(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
-        """The free drafters' proposals for this round, each priced by its source's record, merged and
-        cut to the spec's budget."""
+    def free_tree(self, context: Sequence[int], spec: DraftSpec, sources: Sequence[str] = ("suffix", "recycle", "lookup")) -> DraftTree:
+        """The free sources' proposals for this round (merged in this order), each priced by its
+        source's record, merged and cut to the spec's budget (best-first); the record judges them
+        against what the target emits next."""
         plain = replace(spec, sample_children=False)  # proposals: q is not needed here
-        trees = {
-            "suffix": self.suffix.draft(context, plain),
-            "recycle": self.recycler.draft(context, plain),
-            "lookup": self.lookup.draft(context, replace(plain, builder="lookup")),
-        }
+        trees = {name: self.free_source(name).draft(context, plain) for name in sources}
         self.record.propose(context, trees)
         return merge_trees([self.record.price(name, tree) for name, tree in trees.items()], spec.budget, spec.max_depth)
 

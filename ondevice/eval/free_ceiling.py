@@ -35,6 +35,7 @@ from ondevice.plan.curve import LatencyCurve
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, follow
 from ondevice.prompt import sets as prompt_sets
 from ondevice.protocols import TARGET_FREE, DraftSpec
+from ondevice.tree import common_prefix
 
 CEILING_CHAIN = 64  # the longest chain the ceiling looks at
 
@@ -75,9 +76,7 @@ def ceiling_seconds(answers: list[tuple[list[int], list[int]]], curve: LatencyCu
             suffix.index.sync(context)
             tree = suffix.propose(context[-1], CEILING_CHAIN)
             chain = [int(tree.tokens[j]) for j in best_chain(tree)[1:]]
-            run = 0
-            while run < min(len(chain), len(answer) - i - 1) and chain[run] == answer[i + run]:
-                run += 1
+            run = common_prefix(chain, answer[i : len(answer) - 1])  # the last token is the target's own
             i += run + 1
             seconds, passes = seconds + curve(run + 1), passes + 1
     return seconds, passes
