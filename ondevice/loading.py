@@ -24,7 +24,9 @@ from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.plan.backends import best_backends
 from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
-from ondevice.plan.drafter_room import AlonePass
+from ondevice.plan.curve import pass_sizes
+from ondevice.plan.drafter_room import ALONE_CONTEXT, AlonePass
+from ondevice.plan.fallback import MAX_LOOKUP_BUDGET
 from ondevice.plan.latency import measure_target_timing
 from ondevice.plan.profile import ProfileBackends, get_profile, load_profile
 from ondevice.prompt.tokenizer import Tokenizer
@@ -270,15 +272,16 @@ def time_alone(lean: LoadPlan) -> AlonePass:
     profile's) would have less room, its own interpreter beside this one's (measured under 1.2 GB:
     16 layers kept and 0.25 s per pass there; 19 and 0.18–0.21 s in this process at other minutes)."""
     memory = lean.memory
+    largest = MAX_LOOKUP_BUDGET + 1 if memory is None else min(memory.sizes.max_tree, MAX_LOOKUP_BUDGET + 1)
     target = lean.open_target()
-    try:
-        timing, _ = measure_target_timing(target, ns=(1,), show=False, prune=False)
+    try:  # every size a sized free round can pass (the planner's curve without the drafter), 2-4 s here
+        timing, _ = measure_target_timing(target, ns=pass_sizes(largest), context_tokens=ALONE_CONTEXT, show=False, prune=False)
     finally:
         target.close()
         return_freed_memory()
     in_ram = memory is None or memory.target_in_ram
     return AlonePass(timing.seconds(1), 0 if memory is None else memory.bytes_read_per_pass,
-                     0 if memory is None else memory.kept_layer_count, in_ram, timing.busy)
+                     0 if memory is None else memory.kept_layer_count, in_ram, timing.busy, curve=timing.curve.to_dict())
 
 
 def trim_if_streaming(files: PairFiles, opts: LoadOptions, plans: MemoryPlans, status=None) -> None:
@@ -341,7 +344,8 @@ def load_model_file(path, role: str, opts: LoadOptions, memory: MemoryPlan | Non
     return backend_label(backend, threads), open_target(backend, path, opts.context, threads, opts, memory)
 
 
-def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, drafters: tuple[str, ...] = CPU_BACKENDS):
+def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, drafters: tuple[str, ...] = CPU_BACKENDS,
+                     lean_curve=None):
     """What the profile measures: the loaded target and drafter (factories given; default: opened as
     planned), and the other CPU backends `ondevice profile` compares them with (of `drafters`). One
     profile file per pair and machine setup ("cpu-t2", "cuda-t16"; "cpu-t2-stream" when the memory
@@ -364,6 +368,7 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
         overlap_possible=on_gpu or spare_cores, max_tree=min(largest_tree(on_gpu), memory.sizes.max_tree if memory else MAX_BUDGET),
         target_name=target, drafter_name=drafter, other_targets={} if on_gpu else others_t, other_drafters=others_d,
         key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if plan.streams else ""), memory=memory, profile_first=on_gpu,
+        lean_curve=lean_curve,
     )  # fmt: skip
 
 

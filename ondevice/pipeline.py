@@ -29,6 +29,7 @@ from ondevice.plan.arms import load_book
 from ondevice.plan.auto import AutoPlanner, regime_of
 from ondevice.plan.drafter_room import AlonePass, DrafterChoice, best_measured, choose_drafter
 from ondevice.plan.cost_model import Plan, plan_as_dict
+from ondevice.plan.curve import LatencyCurve
 from ondevice.plan.memory import MemoryPlan
 from ondevice.plan.profile import ProfileBackends, save_profile
 from ondevice.machine.ram import anon_rss, peak_rss, return_freed_memory
@@ -263,17 +264,17 @@ def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None
     tokenizer = Tokenizer(files.target)
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
     plan = plan_load(opts, files, process, answers, tokenizer, status)
-    choice = None
+    choice, lean_curve = None, None
     if plan.streams and files.drafter is not None:
         profile = streaming_profile(plan)  # measured apart: see there
         plan, choice = drafter_or_layers(plan, profile, process, answers, tokenizer, status)
-        files = plan.files
+        files, lean_curve = plan.files, drafterless_curve(profile, plan)
     drafter = None
     if files.drafter is not None:
         check_same_vocab(tokenizer, Tokenizer(files.drafter))
         drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab)
     target = plan.open_target()
-    backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None)
+    backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
     engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
     placement = target.placement_summary() if plan.memory is None else plan.memory.describe()
@@ -293,11 +294,11 @@ def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | 
     if opts.keep_drafter or opts.drafter is not None or profile is None:
         return plan, None
     lean = plan_load(opts, replace(files, drafter=None), process, answers, tokenizer, status)
-    if opts.keep_drafter is False:  # --drop-drafter
-        return lean, None
     saved = AlonePass.from_dict(profile.alone)
-    if saved is None or not saved.times(lean.memory.kept_layer_count):  # once per profile (and drafter-less plan): the
-        time_alone_into(profile, lean, None, status)  # streaming profile's child measured the drafter's side
+    if saved is None or saved.curve is None or not saved.times(lean.memory.kept_layer_count):  # once per profile (and
+        time_alone_into(profile, lean, None, status)  # drafter-less plan): the streaming profile's child measured the drafter's side
+    if opts.keep_drafter is False:  # --drop-drafter (its planner sizes free rounds on the timed passes)
+        return lean, None
     books = load_book(files.name, regime_of(profile_backends(plan))), load_book(files.name, regime_of(profile_backends(lean)))
     layers, p_rank = plan.memory.kept_layer_count, AcceptanceTracker.load(files.name).p_rank
     choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
@@ -305,6 +306,15 @@ def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | 
         time_alone_into(profile, lean, AlonePass.from_dict(profile.alone), status)
         choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     return (plan if choice is None or choice.keep else lean), choice
+
+
+def drafterless_curve(profile, plan: LoadPlan) -> LatencyCurve | None:
+    """A load without the drafter model that streams: its passes as timed for this plan (AlonePass),
+    what its planner sizes free rounds on; None where the drafter is loaded or nothing timed it."""
+    if profile is None or plan.files.drafter is not None or plan.memory is None:
+        return None
+    alone = AlonePass.from_dict(profile.alone)
+    return alone.lean_curve() if alone is not None and alone.times(plan.memory.kept_layer_count) else None
 
 
 def time_alone_into(profile, lean: LoadPlan, earlier: AlonePass | None, status=None) -> None:

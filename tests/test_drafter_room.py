@@ -18,10 +18,12 @@ from ondevice.plan.acceptance import default_p_rank
 from ondevice.plan.arms import ArmBook, Tally, book_path, load_book, save_book
 from ondevice.plan.auto import regime_of
 from ondevice.plan.cost_model import choose_plan
-from ondevice.plan.curve import Curves
+from ondevice.plan.curve import Curves, pass_sizes
 from ondevice.plan.drafter_room import MAX_TIMINGS, MEASURED_TOKENS, UNSURE, AlonePass, best_measured, choose_drafter
 from ondevice.plan.profile import Profile
+from ondevice.plan.fallback import MAX_LOOKUP_BUDGET
 from ondevice.protocols import FREE_TREE_NODES, DraftSpec
+from ondevice.verify import Sampling
 
 from test_backends import FAST_DRAFT, curve
 from test_streaming_pipeline import MESSAGES, answer, stream_tiny_target, tiny_home  # noqa: F401 - a fixture
@@ -148,6 +150,10 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
         assert pipe.engine.drafter.model is None and pipe.memory.drafter_bytes == 0
         assert pipe.info["drafter_choice"]["keep"] is False and "drafter left out" in pipe.placement
         assert pipe.auto_planner().regime == without
+        sizes = pass_sizes(min(pipe.memory.sizes.max_tree, MAX_LOOKUP_BUDGET + 1))  # every pass a sized free round makes
+        assert alone_pass.lean_curve().ns == sizes and alone_pass.lean_curve()(1) == pytest.approx(alone_pass.seconds, rel=0.1)
+        assert pipe.auto_planner().lean_curve == alone_pass.lean_curve()  # what its free rounds are sized on
+        assert pipe.auto_planner().spec(Sampling(), context=10).pass_seconds is not None
         lean, _ = answer(pipe, DraftSpec("auto", 0))  # free drafts stay on
         with pytest.raises(OndeviceError, match="--tree best-first to load it"):
             answer(pipe, DraftSpec("best-first", 4))
@@ -170,6 +176,11 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
     with ondevice.load("tiny", keep_drafter=False, free_tree_nodes=21, **load) as pipe:  # --tree recycle --budget 20
         assert pipe.memory.sizes.max_tree == 32
         assert answer(pipe, DraftSpec("recycle", 20))[0] == reference
+    data = json.loads(saved.read_text())
+    data["alone"].pop("curve")  # a pass timed before its curve was kept
+    saved.write_text(json.dumps(data))
+    with ondevice.load("tiny", keep_drafter=False, **load) as pipe:  # timed again, with the curve its planner sizes on
+        assert pipe.auto_planner().lean_curve is not None and AlonePass.from_dict(json.loads(saved.read_text())["alone"]).curve
 
 
 def scaled(c, factor: float):

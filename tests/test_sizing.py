@@ -16,6 +16,7 @@ from ondevice.draft.sizing import best_size, sized
 from ondevice.engine import SpecEngine, Step
 from ondevice.eval.free_ceiling import ceiling_seconds, sized_seconds
 from ondevice.plan import auto as autoplan
+from ondevice.plan.drafter_room import ALONE_CONTEXT
 from ondevice.plan.curve import Curves, LatencyCurve
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, follow
 from ondevice.plan.arms import arm_of
@@ -193,3 +194,23 @@ def test_without_a_measured_curve_the_rounds_are_not_sized(tmp_path, monkeypatch
     monkeypatch.setattr(planner.book, "next_arm", lambda prices, **kwargs: (free, False))
     spec = planner.replan()
     assert spec.builder == free and spec.pass_seconds is None and spec.budget == planner.plans[free].budget
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_a_drafter_less_streaming_load_sizes_its_rounds_on_the_passes_timed_at_load(tmp_path, monkeypatch, timed):
+    """A target streaming without the drafter model has no profile: its rounds are sized on the
+    passes timed at load (AlonePass.curve, backends.lean_curve), where 2 tokens cost what 1 does; with
+    nothing timed they stay unsized, as the provisional curve would draft nothing."""
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    monkeypatch.setattr(autoplan, "saved_profile", lambda backends: None)
+    lean = LatencyCurve((1, 2, 3, 4, 5, 8, 9, 16, 17), (0.10, 0.10, 0.115, 0.133, 0.156, 0.285, 0.29, 0.30, 0.38))
+    backends = SimpleNamespace(pair="toy", memory=SimpleNamespace(streams=True), max_tree=32, make_decode_batch=None,
+                               model_files=None, lean_curve=lean if timed else None)
+    planner = autoplan.AutoPlanner(backends)
+    monkeypatch.setattr(planner.book, "next_arm", lambda prices, **kwargs: ("target", False))
+    spec = planner.spec(Sampling(), context=ALONE_CONTEXT)
+    if not timed:
+        assert spec is None
+        return
+    assert spec.builder == TARGET_FREE and spec.budget == MAX_LOOKUP_BUDGET and arm_of(spec) == "target"
+    assert list(spec.pass_seconds) == pytest.approx([lean(k) + planner.overhead_per_pass for k in range(1, MAX_LOOKUP_BUDGET + 2)])

@@ -35,6 +35,7 @@ from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
 from ondevice.plan.cost_model import Plan, predict
+from ondevice.plan.drafter_room import ALONE_CONTEXT
 from ondevice.plan.curve import Curves, LatencyCurve, provisional_curve, upto
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, LookupTracker, lookup_plan, replay
 from ondevice.plan.model_arms import BuilderGains, model_plans
@@ -84,6 +85,7 @@ class AutoPlanner:
         files = getattr(backends, "model_files", None)
         self.growth = context_growth(files[0][0]) if files else 0.0
         self.has_drafter = getattr(backends, "make_decode_batch", None) is not None
+        self.lean_curve = getattr(backends, "lean_curve", None)  # no profile, no drafter: the target's passes timed at load
         self.regime = regime_of(backends) if hasattr(backends, "profile_key") else "default"
         self.book = load_book(backends.pair, self.regime)
         self.overhead_per_pass = 0.0
@@ -118,9 +120,20 @@ class AutoPlanner:
             # a slowdown is the disk's (δ) only where the profile did not stream: one measured streaming has it in t(n)
             disk_missing = self.streams and getattr(self.profile, "target_placement", "ram") != "disk"
             context = getattr(self.profile, "target_context", 64)
+        elif self.lean_curve is not None:  # timed as it streams, over the profile's context
+            base, disk_missing, context = upto(self.lean_curve, self.max_tree), False, ALONE_CONTEXT
         else:
             base, disk_missing, context = provisional_curve(self.max_tree), False, 0
         self.pass_times = PassTimes(base, streams=disk_missing, growth=self.growth, base_context=context)
+
+    def _curve_measured(self) -> bool:
+        """Whether the target's curve was measured (the profile's, or a drafter-less load's timed at
+        load): free rounds are sized only on such a curve. On the provisional one (n tokens cost n
+        passes) no round would draft, and the passes that could teach it otherwise (the free arms'
+        fixed trees) would not run; a line fitted online to the passes of 1 and 2 tokens that do run
+        drafted nothing on one run of two (streamed under 1.2 GB a pass of 2 tokens cost 1.0–1.6×
+        one of 1, one of 8 2.9–4.9×: not a line)."""
+        return self.profile is not None or self.lean_curve is not None
 
     @property
     def curves(self) -> Curves | None:
@@ -141,12 +154,11 @@ class AutoPlanner:
         trees=False keeps the drafter's trees as last priced (pricing them takes ~30 ms)."""
         target_curve = self.pass_times.curve(self.context)
         self._priced_curve, self._rounds_since_price = np.asarray(target_curve.seconds), 0
-        # free rounds are sized only on a measured curve: the provisional one (n tokens cost n passes) would
-        # never let a round draft, and the passes that could teach it otherwise (the free arms' fixed trees) not run
+        # free rounds are sized only on a measured curve (until then the free arms' fixed trees teach it)
         cap = max(1, min(self.fixed_budget or MAX_LOOKUP_BUDGET, self.max_tree - 1))  # a sized round's nodes at most
         self._free_pass_seconds = tuple(float(target_curve(k)) + self.overhead_per_pass for k in range(1, cap + 2)) \
-            if self.profile is not None else ()
-        known = self.profile is not None or self.pass_times.passes > 0  # a provisional curve needs one pass
+            if self._curve_measured() else ()
+        known = self._curve_measured() or self.pass_times.passes > 0  # a provisional curve needs one pass
         t1 = target_curve(1) + self.overhead_per_pass
         alone = Plan("target-only", 0, 0, 1.0, 1.0 / t1, 1.0 / t1, False)
         plans = {"target": alone}

@@ -17,7 +17,9 @@ So where the target streams with the drafter, the load compares two rates, measu
                          the target alone and books every round in that regime's book), else the
                          target's 1-token pass under the drafter-less memory plan, timed once per
                          profile in the process that will load it (`AlonePass`, loading.time_alone;
-                         timed afresh when the drafter-less plan keeps another number of layers)
+                         timed afresh when the drafter-less plan keeps another number of layers;
+                         the passes of 2 … its trees' nodes are timed with it: `AlonePass.curve`,
+                         what the drafter-less planner sizes its free rounds on)
 
 and loads the drafter only where it is faster; where its side is only predicted, only where it is
 faster by UNSURE (the planner's distrust of a prediction, plan/arms.py: on this pair's first loads under
@@ -35,10 +37,12 @@ from dataclasses import asdict, dataclass, replace
 
 from ondevice.plan.arms import OPTIMISM, ArmBook
 from ondevice.plan.cost_model import choose_plan
+from ondevice.plan.curve import LatencyCurve
 
 MEASURED_TOKENS = 24.0  # an arm's (faded) tokens before its measured rate is trusted over a prediction
 UNSURE = OPTIMISM  # a drafter kept by less than this factor over a timed target alone: time it again at the next load
 MAX_TIMINGS = 8  # the timed pass is the mean of the last this many loads' timings
+ALONE_CONTEXT = 64  # tokens of context the drafter-less passes are timed over (as a profile's)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ class AlonePass:
     in_ram: bool
     busy: bool = False  # other processes disturbed every sample
     timings: int = 1  # loads whose timing `seconds` averages (`folded`)
+    curve: dict | None = None  # the latest timing's passes of 1 … its trees' nodes (LatencyCurve.to_dict), which the
+    # drafter-less load's planner sizes free rounds on (plan/auto.py): there a pass of 2 tokens cost what one of 1 did
+
+    def lean_curve(self) -> LatencyCurve | None:
+        return None if self.curve is None else LatencyCurve.from_dict(self.curve)
 
     def folded(self, again: "AlonePass") -> "AlonePass":
         """The mean with another timing (of the last MAX_TIMINGS): a disk's speed drifts by half
@@ -70,7 +79,7 @@ class AlonePass:
     @classmethod
     def from_dict(cls, d: dict | None) -> "AlonePass | None":
         return None if d is None else cls(float(d["seconds"]), int(d["bytes_read_per_pass"]), int(d["kept_layers"]),
-                                          bool(d["in_ram"]), bool(d.get("busy", False)), int(d.get("timings", 1)))
+                                          bool(d["in_ram"]), bool(d.get("busy", False)), int(d.get("timings", 1)), d.get("curve"))
 
 
 @dataclass(frozen=True)

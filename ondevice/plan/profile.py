@@ -67,6 +67,7 @@ class ProfileBackends:
     key: str | None = None  # names the profile file with the pair (default: backend)
     memory: object | None = None  # plan.memory.MemoryPlan of a llama.cpp target: in RAM or streamed
     profile_first: bool = False  # measure a missing profile before the first answer (a GPU target: seconds)
+    lean_curve: LatencyCurve | None = None  # a streaming load without the drafter model: its passes timed at load (AlonePass)
 
     @property
     def profile_key(self) -> str:
