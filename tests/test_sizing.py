@@ -209,6 +209,7 @@ def test_a_drafter_less_streaming_load_sizes_its_rounds_on_the_passes_timed_at_l
     planner = autoplan.AutoPlanner(backends)
     monkeypatch.setattr(planner.book, "next_arm", lambda prices, **kwargs: ("target", False))
     spec = planner.spec(Sampling(), context=ALONE_CONTEXT)
+    assert planner.profile_state == ("measured" if timed else "none") and "not loaded" in planner.plan.fallback_reason
     if not timed:
         assert spec is None
         return

@@ -222,6 +222,8 @@ class AutoPlanner:
         """Why the drafter model is not the incumbent, in numbers."""
         names = {"target": "the target alone", "lookup": "prompt lookup", "suffix": "suffix drafting", "recycle": "token recycling"}
         what = names[arm] + ("" if arm == "target" else f" @{self.plans[arm].budget}")
+        if not self.has_drafter:
+            return f"using {what}; the drafter model is not loaded"
         if self.profile is None:
             return f"no profile yet: {what} answers while the drafter's latency is measured (`ondevice profile` measures it now)"
         model = [(a, s) for a, s in self.book.ranked(self.prices) if family_of(a) == "model"]
@@ -377,9 +379,9 @@ class AutoPlanner:
 
     @property
     def profile_state(self) -> str:
-        if self.profile is None:
+        if self.profile is None and self.lean_curve is None:
             return "measuring" if self._job is not None else "none"
-        return "busy" if self.profile.busy else "measured"
+        return "busy" if self.profile is not None and self.profile.busy else "measured"  # (a drafter-less load's: timed at load)
 
     # --- measuring while idle -----------------------------------------------------------------------------
     def wants_profile(self) -> bool:
