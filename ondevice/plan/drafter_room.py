@@ -56,7 +56,7 @@ class AlonePass:
     busy: bool = False  # other processes disturbed every sample
     timings: int = 1  # loads whose timing `seconds` averages (`folded`)
     curve: dict | None = None  # the latest timing's passes of 1 … its trees' nodes (LatencyCurve.to_dict), which the
-    # drafter-less load's planner sizes free rounds on (plan/auto.py): there a pass of 2 tokens cost what one of 1 did
+    # drafter-less load's planner sizes free rounds on (plan/auto.py; under 1.2 GB 2 tokens cost 1.0–1.6× one there)
 
     def lean_curve(self) -> LatencyCurve | None:
         return None if self.curve is None else LatencyCurve.from_dict(self.curve)
