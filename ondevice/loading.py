@@ -274,7 +274,7 @@ def time_alone(lean: LoadPlan) -> AlonePass:
     memory = lean.memory
     largest = MAX_LOOKUP_BUDGET + 1 if memory is None else min(memory.sizes.max_tree, MAX_LOOKUP_BUDGET + 1)
     target = lean.open_target()
-    try:  # every size a sized free round can pass (the planner's curve without the drafter), 2-4 s here
+    try:  # every size a sized free round can pass (the planner's curve without the drafter), 1-3 s here
         timing, _ = measure_target_timing(target, ns=pass_sizes(largest), context_tokens=ALONE_CONTEXT, show=False, prune=False)
     finally:
         target.close()

@@ -38,8 +38,9 @@ from ondevice.plan.cost_model import Plan, predict
 from ondevice.plan.drafter_room import ALONE_CONTEXT
 from ondevice.plan.curve import Curves, LatencyCurve, provisional_curve, upto
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, LookupTracker, lookup_plan, replay
+from ondevice.plan.idle_profile import IdleProfiler
 from ondevice.plan.model_arms import BuilderGains, model_plans
-from ondevice.plan.profile import Profile, get_profile, new_profile, profile_steps, save_profile, saved_profile
+from ondevice.plan.profile import Profile, get_profile, saved_profile
 from ondevice.plan.rescale import PassTimes, context_growth
 from ondevice.protocols import TARGET_FREE, DraftSpec
 from ondevice.verify import Sampling
@@ -93,8 +94,7 @@ class AutoPlanner:
         self.overlap_scale = 1.0  # overlapped rounds: measured / predicted seconds
         self.fixed_budget: int | None = None  # --budget with --tree auto: the drafter's trees at this budget only
         self._sampling = Sampling()
-        self._job = None  # the profile being measured between answers (idle_step)
-        self._remeasured = False  # a busy profile is measured again once per session
+        self.idle = IdleProfiler(self)  # the profile measured between answers (idle_step)
         self._start_pass_times()
         self.context = 0  # tokens cached before the next pass
         self.plans: dict[str, Plan] = {}  # the arms' plans (how to draft them), priced by `price`
@@ -380,38 +380,14 @@ class AutoPlanner:
     @property
     def profile_state(self) -> str:
         if self.profile is None and self.lean_curve is None:
-            return "measuring" if self._job is not None else "none"
+            return "measuring" if self.idle.job is not None else "none"
         return "busy" if self.profile is not None and self.profile.busy else "measured"  # (a drafter-less load's: timed at load)
 
-    # --- measuring while idle -----------------------------------------------------------------------------
-    def wants_profile(self) -> bool:
-        """A profile is missing, or was measured on a busy machine (once a session), and can be measured here."""
-        if self.streams or getattr(self.backends, "make_target", None) is None:
-            return False  # a streaming target's profile is measured apart, before loading
-        return self.profile is None or (self.profile.busy and not self._remeasured)
-
+    # --- measuring while idle (plan/idle_profile.py) ------------------------------------------------------
     def idle_step(self) -> bool:
         """Measure one sample of the profile while the caller has nothing else to do; False when
-        there is nothing (left) to measure. The target's cache is left for the next answer to trim."""
-        if self._job is None:
-            if not self.wants_profile():
-                return False
-            self._remeasured = self.profile is not None
-            self._job = self._measure()
-        try:
-            next(self._job)
-            return True
-        except StopIteration:
-            self._job = None
-            return False
-
-    def _measure(self):
-        profile = new_profile(self.backends, measure_disk=False)  # the target is mapped: its pages can't be dropped
-        yield "bandwidths"
-        yield from profile_steps(profile, self.backends)
-        if profile.curves is not None:
-            save_profile(profile)
-            self.install(profile)
+        there is nothing (left) to measure."""
+        return self.idle.step()
 
     def install(self, profile: Profile) -> None:
         """Plan with this profile from now on."""
