@@ -18,6 +18,6 @@ cd "$root"
 timeout 210 "$python" -m ondevice.eval.gpu_pipeline pipeline --target qwen2.5-32b --drafter qwen2.5-0.5b --gpu-memory 24GB \
   --threads 8 --max-tokens 12 --out "$out/pipeline-qwen2.5-32b.json" >"$out/pipeline.log" 2>&1
 echo "pipeline: exit $?"
-timeout 130 "$python" -m ondevice.eval.gpu_pipeline accelerate --target qwen2.5-32b --gpu-memory 24GB \
+timeout 200 "$python" -m ondevice.eval.gpu_pipeline accelerate --target qwen2.5-32b --gpu-memory 24GB \
   --out "$out/accelerate-qwen2.5-32b.json" >"$out/accelerate.log" 2>&1
 echo "accelerate: exit $?"

@@ -178,9 +178,7 @@ def accelerate(target_name: str, device: str, gpu_memory: str, out: Path, tiny: 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config(shape), torch_dtype=torch.bfloat16)
     model.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.uniform_(-0.02, 0.02)  # every page written: untouched zero pages would copy faster than real weights
+    fill_random(model.parameters(), torch.bfloat16)  # every page written: untouched zero pages would copy faster than real weights
     model.model.rotary_emb.__init__(model.config)  # its buffers were left empty by to_empty
     gpu = 0 if device == "cuda" else device
     layer_class = type(model.model.layers[0]).__name__
@@ -203,6 +201,19 @@ def accelerate(target_name: str, device: str, gpu_memory: str, out: Path, tiny: 
             record["passes"].setdefault(str(n), []).append(time.perf_counter() - t0)
             write_json(out, {**record, "status": "timing"})
     return {**record, "status": "ok"}
+
+
+def fill_random(params, dtype, tile: int = 1 << 24) -> None:
+    """Fill every parameter with a tile of random values, repeated (tens of GB: drawing each value would take minutes)."""
+    import torch  # lazy: this step only
+
+    source = torch.empty(tile, dtype=dtype).uniform_(-0.02, 0.02)
+    with torch.no_grad():
+        for p in params:
+            flat = p.view(-1)
+            for at in range(0, flat.numel(), tile):
+                n = min(tile, flat.numel() - at)
+                flat[at : at + n].copy_(source[:n])
 
 
 def placed(device_map: dict, module: str):
