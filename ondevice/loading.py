@@ -17,17 +17,29 @@ from ondevice.catalog.choose import choose
 from ondevice.catalog.hub import PairFiles
 from ondevice.draft.loader import load_drafter
 from ondevice.errors import OndeviceError
-from ondevice.machine.facts import cuda_available, default_threads, machine_facts, physical_cores
-from ondevice.machine.ram import RamBudget, anon_rss, ram_budget, return_freed_memory, unmap_large_frees
+from ondevice.machine.facts import (
+    cuda_available,
+    default_threads,
+    machine_facts,
+    physical_cores,
+)
+from ondevice.machine.ram import (
+    RamBudget,
+    anon_rss,
+    ram_budget,
+    return_freed_memory,
+    unmap_large_frees,
+)
+from ondevice.onnx.export_files import drafter_export_built
 from ondevice.paths import home
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.plan.backends import best_backends
-from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
 from ondevice.plan.curve import pass_sizes
 from ondevice.plan.drafter_room import ALONE_CONTEXT, AlonePass
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET
 from ondevice.plan.latency import measure_target_timing
+from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
 from ondevice.plan.profile import ProfileBackends, get_profile, load_profile
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.protocols import FREE_TREE_NODES, MAX_BUDGET
@@ -35,6 +47,7 @@ from ondevice.sizes import parse_size
 from ondevice.target.loader import load_target
 from ondevice.target.page_cache import WINDOW_AHEAD
 from ondevice.vocabtrim.build import find_trimmed
+from ondevice.vocabtrim.head import TrimmedHead
 from ondevice.vocabtrim.shipped import trim_for_streaming
 
 DEFAULT_CTX = 4096  # tokens of context unless --ctx, or a streaming target answering known prompts (`sized_context`)
@@ -193,7 +206,9 @@ def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOp
     """The target on `backend`: the ONNX one (onnx/target.py), else as target/loader.py opens it,
     sized by `memory` (None: llama.cpp's defaults)."""
     if backend == "onnx":
-        from ondevice.onnx.target import OnnxTarget  # lazy: imports torch and ONNX Runtime (~1.4 s)
+        from ondevice.onnx.target import (
+            OnnxTarget,  # lazy: imports torch and ONNX Runtime (~1.4 s)
+        )
 
         return OnnxTarget.from_gguf(path, n_ctx=n_ctx, threads=threads)
     sized = memory.llama_target_sizes() if memory is not None else None
@@ -301,9 +316,18 @@ def leanest_drafters(plans: MemoryPlans, target: str) -> tuple[str, ...]:
     in RAM is one more the target reads again each pass, which no faster drafting wins back (README,
     "Larger than memory", item 4: a faster but larger drafter). Drafters that leave
     the same are compared by their measured speed."""
-    reads = {d: plans.plan(target, d).bytes_read_per_pass for d in CPU_BACKENDS}
+    candidates = [d for d in CPU_BACKENDS if d != "onnx" or onnx_drafter_built(plans.files.drafter, plans.opts.vocab_trim)]
+    reads = {d: plans.plan(target, d).bytes_read_per_pass for d in candidates}
     least = min(reads.values())
-    return tuple(d for d in CPU_BACKENDS if reads[d] == least)
+    return tuple(d for d in candidates if reads[d] == least)
+
+
+def onnx_drafter_built(path: Path, vocab_trim: bool) -> bool:
+    """Whether the ONNX drafter of this GGUF is exported already. Exporting it peaks at ~3x the file in
+    RAM (1.6 GB for the default pair's 0.5B): where the target streams, that would be killed by the
+    limit it streams under (0.9 GB), so there the ONNX drafter is compared only once built."""
+    head = TrimmedHead.find(path) if vocab_trim else None
+    return drafter_export_built(path, head.keep_ids if head else None)
 
 
 def sized_context(tokenizer: Tokenizer, answers: Answers, max_tree: int) -> int:

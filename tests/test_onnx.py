@@ -22,7 +22,7 @@ from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.draft.onnx_drafter import OnnxDrafter
 from ondevice.engine import SpecEngine, Step
 from ondevice.errors import OndeviceError
-from ondevice.onnx import export as ex
+from ondevice.onnx import export as ex, export_files
 from ondevice.onnx.graph import GraphBuilder, model
 from ondevice.onnx.nbits import NBITS_LAYOUT, gguf_to_nbits, requantize_4bit
 from ondevice.onnx.session import FALLBACK_RATIO, NBitsConfig, check_fast_kernels, kernel_ratio, nbits_configs
@@ -221,8 +221,11 @@ def test_export_is_built_once_and_rebuilt_when_stale(tmp_path, monkeypatch):
     first = ex.ensure_export(path, show=False)
     stamp = first.body.stat().st_mtime_ns
     assert ex.ensure_export(path, show=False).body.stat().st_mtime_ns == stamp  # cached
-    monkeypatch.setattr(ex, "FORMAT_VERSION", ex.FORMAT_VERSION + 1)
+    assert export_files.export_built(path)
+    monkeypatch.setattr(export_files, "FORMAT_VERSION", export_files.FORMAT_VERSION + 1)
+    assert not export_files.export_built(path)  # what a load short of RAM asks before opening it
     assert ex.ensure_export(path, show=False).body.stat().st_mtime_ns != stamp  # another format: rebuilt
+    assert export_files.export_built(path) and not export_files.export_built(path, head_rows=np.arange(8))
     assert first.folder == path.with_name(path.name + ".onnx")
 
 

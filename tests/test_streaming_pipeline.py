@@ -15,7 +15,9 @@ import ondevice
 from ondevice import loading, pipeline
 from ondevice.machine import ram
 from ondevice.plan import memory, profile as profile_store
+from ondevice.draft.onnx_drafter import OnnxDrafter
 from ondevice.machine.facts import measure_ram_bandwidth
+from ondevice.onnx.export_files import export_dir
 from ondevice.plan.memory import MARGIN, ModelSize
 from ondevice.plan.profile import Profile, save_profile
 from ondevice.protocols import DraftSpec
@@ -134,11 +136,24 @@ def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(ti
 DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 1.02})  # a streamed pass: the disk dominates
 
 
+def test_a_streaming_target_never_exports_the_onnx_drafter_to_compare_it(tiny_home, monkeypatch):
+    """Exporting peaks at ~3x the drafter file in RAM: under the limit the target streams in, it was
+    killed (0.9 GB cgroup, the default pair in a fresh home). The llama.cpp drafter drafts, unmeasured."""
+    monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
+    stream_tiny_target(tiny_home, monkeypatch)
+    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256)
+    models = pipeline.choose("tiny", None, None, True)
+    assert loading.pick_backends(opts, models, 1, loading.MemoryPlans(models, opts)) == ("llama", "llama")
+    assert not export_dir(models.drafter).exists()
+
+
 def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(tiny_home, monkeypatch):
     monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
     stream_tiny_target(tiny_home, monkeypatch)
     opts = loading.LoadOptions(model="tiny", threads=1, ctx=256)
     models = pipeline.choose("tiny", None, None, True)
+    OnnxDrafter(models.drafter, n_ctx=256, threads=1, vocab_trim=True, show=False).close()  # exported while RAM allowed
+    assert loading.onnx_drafter_built(models.drafter, vocab_trim=True)
     before = ondevice_threads()
     loading.pick_backends(opts, models, 1, loading.MemoryPlans(models, opts))  # nothing saved: measures the streamed target, then each drafter
     assert left_running(before) == []  # the measured target is gone, with its page-cache thread
@@ -168,6 +183,8 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     opts = loading.LoadOptions(model="deep", threads=1, ctx=256)
     models = pipeline.choose("deep", None, None, True)
     plans = loading.MemoryPlans(models, opts)
+    assert loading.leanest_drafters(plans, "llama") == ("llama",)  # the ONNX drafter is not exported: not a candidate
+    OnnxDrafter(models.drafter, n_ctx=256, threads=1, vocab_trim=True, show=False).close()
     assert loading.leanest_drafters(plans, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
     loading.trim_if_streaming(models, opts, plans)
     trimmed = plans.plan("llama", "llama")

@@ -13,13 +13,11 @@ from pathlib import Path
 
 from ondevice.draft.model_drafter import ModelDrafter
 from ondevice.draft.onnx_cache import OnnxDraftKV
-from ondevice.vocabtrim.head import TrimmedHead
 from ondevice.onnx.decoder import OnnxDecoder
 from ondevice.onnx.export import ACCURACY_INT8, ensure_export
+from ondevice.onnx.export_files import DRAFTER_INT4_BLOCK as INT4_BLOCK
 from ondevice.protocols import MAX_BUDGET
-
-
-INT4_BLOCK = 32  # see the measurements in README ("ONNX Runtime on the CPU")
+from ondevice.vocabtrim.head import TrimmedHead
 
 
 class OnnxDrafter(ModelDrafter):
@@ -51,4 +49,3 @@ class OnnxDrafter(ModelDrafter):
 
     def close(self) -> None:
         self.decoder.close()
-

@@ -13,8 +13,6 @@ file lock, into temporary names renamed at the end, so concurrent users never se
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -22,23 +20,38 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime
 from onnx import TensorProto, helper
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from ondevice.errors import OndeviceError
+from ondevice.files.embedding_rows import EmbeddingRows
 from ondevice.onnx import graph as G
-from ondevice.onnx.nbits import NBitsWeight, gguf_to_nbits, requantize_4bit, stack_rows, supported
+from ondevice.onnx.export_files import (
+    ACCURACY_INT8,
+    current_manifest,
+    export_files,
+    missing_files,
+)
+from ondevice.onnx.nbits import (
+    NBitsWeight,
+    gguf_to_nbits,
+    requantize_4bit,
+    stack_rows,
+    supported,
+)
 from ondevice.onnx.session import fallback_error, kernel_ratios
 from ondevice.paths import write_json
-from ondevice.files.embedding_rows import EmbeddingRows
 from ondevice.quant.gguf_blocks import FLOAT_TYPES
 from ondevice.target import weights as W
 from ondevice.target.torch_model import ModelArgs
 
-FORMAT_VERSION = 2  # 2: q/k/v and gate/up stacked into one MatMulNBits where their layouts agree
-ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, int32 accumulation (the fast kernels)
 ACCURACY_FP32 = 0  # float32 activations: slower, for checking the weight mapping
 ALIGN = 4096  # external tensors start on page boundaries (ORT can map them)
 ROW_CHUNK = 8192  # rows of a big matrix converted at a time
@@ -58,21 +71,6 @@ class OnnxExport:
         return self.args.vocab_size
 
 
-def export_dir(gguf_path: str | Path) -> Path:
-    path = Path(gguf_path).expanduser()
-    return path.with_name(path.name + ".onnx")
-
-
-def _identity(gguf_path: Path, accuracy_level: int) -> dict:
-    st = gguf_path.stat()
-    return {"format": FORMAT_VERSION, "gguf": [gguf_path.name, st.st_size, st.st_mtime_ns], "onnxruntime": onnxruntime.__version__,
-            "accuracy_level": accuracy_level}  # fmt: skip
-
-
-def rows_tag(rows: np.ndarray) -> str:
-    return hashlib.sha256(np.asarray(rows, dtype=np.int64).tobytes()).hexdigest()[:12]
-
-
 def ensure_export(
     gguf_path: str | Path, accuracy_level: int = ACCURACY_INT8, head_rows: np.ndarray | None = None, show: bool = True,
     int4_block: int | None = None,
@@ -81,17 +79,11 @@ def ensure_export(
     asked. int4_block: every matrix requantized to 4 bits with one scale per this many weights
     (`nbits.requantize_4bit`; not exact, for a drafter); None: the GGUF's own codes."""
     gguf_path = Path(gguf_path).expanduser()
-    folder = export_dir(gguf_path)
+    folder, ident, body, head, trimmed, manifest = export_files(gguf_path, accuracy_level, head_rows, int4_block)
     folder.mkdir(exist_ok=True)
-    ident = {**_identity(gguf_path, accuracy_level), "int4_block": int4_block}
-    variant = f"a{accuracy_level}" + (f"-int4b{int4_block}" if int4_block else "")
-    body, head = folder / f"body.{variant}.onnx", folder / f"head.{variant}.onnx"
-    trimmed = None if head_rows is None else folder / f"head-{rows_tag(head_rows)}.{variant}.onnx"
-    manifest = folder / f"manifest.{variant}.json"
     with _locked(folder):
-        saved = _current(manifest, ident)
-        fresh = saved is not None
-        missing = [f for f in (body, head, trimmed) if f is not None and not (fresh and f.is_file() and Path(str(f) + ".data").is_file())]
+        saved = current_manifest(manifest, ident)
+        missing = missing_files(saved, (body, head, trimmed))
         if missing:
             reader = W.open_gguf(gguf_path)
             args = W.gguf_model_args(reader)
@@ -117,15 +109,6 @@ def _kernel_check(paths: list[Path], accuracy_level: int) -> dict:
         return {}
     ratios = kernel_ratios(paths)
     return {"ratios": {f"{c.bits}-bit block {c.block}": round(r, 3) for c, r in ratios.items()}, "fallback": fallback_error(ratios)}
-
-
-def _current(manifest: Path, ident: dict) -> dict | None:
-    """The manifest if it was written for this very file and these options, else None."""
-    try:
-        saved = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) and all(saved.get(k) == v for k, v in ident.items()) else None
 
 
 @contextmanager
