@@ -3,6 +3,8 @@ where the target lives."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import re
 from pathlib import Path
 
@@ -181,6 +183,29 @@ def test_a_head_that_does_not_fit_streams_with_room_for_all_of_it():
             assert layers + TARGET.head_bytes + max(TARGET.layer_bytes) <= plan.cache_room
             assert TARGET.head_bytes > room - 3 * max(TARGET.layer_bytes)  # it would have kept the head
     assert heads == {True, False}
+
+
+def test_a_streaming_plan_gives_up_tree_size_before_the_lm_head():
+    """Where the largest tree that streams would push the LM head out (the page-cache path, the
+    whole file read every pass), the plan takes a smaller tree that keeps it. The reference: the
+    plan made without a window (which sizes the tree for streaming alone), given the window."""
+    gave_up = 0
+    for mb in range(900, 1800, 10):
+        budget = RamBudget(mb * MiB, "test")
+        plan = plan_memory(TARGET, DRAFTER, n_ctx=512, budget=budget, process_bytes=100 * MiB, ahead=2)
+        if not plan.streams or "over budget" in plan.describe():
+            continue
+        tree_first = replace(plan_memory(TARGET, DRAFTER, n_ctx=512, budget=budget, process_bytes=100 * MiB), ahead=2)
+        smallest = plan_memory(TARGET, DRAFTER, n_ctx=512, budget=budget, process_bytes=100 * MiB, ahead=2, max_tree=min(TREE_SIZES))
+        if OUTPUT_LAYER in tree_first.kept_layers(2):
+            assert plan.sizes.max_tree == tree_first.sizes.max_tree
+        elif OUTPUT_LAYER in smallest.kept_layers(2):
+            assert OUTPUT_LAYER in plan.kept_layers(2) and plan.sizes.max_tree < tree_first.sizes.max_tree
+            assert plan.bytes_read_per_pass <= tree_first.bytes_read_per_pass - TARGET.head_bytes
+            gave_up += 1
+        else:
+            assert plan.sizes.max_tree == tree_first.sizes.max_tree  # no tree keeps it: the biggest that streams
+    assert gave_up  # the budgets above include ones where the biggest tree would cost the head
 
 
 def test_says_when_only_the_drafter_keeps_the_target_out_of_ram():

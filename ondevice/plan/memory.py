@@ -25,7 +25,10 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
 
 When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
 cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
-buffers still leave the streaming window free. The plan also says when the drafter alone is what
+buffers still leave the streaming window free and the LM head kept, where any size keeps it. A
+streamed head is read whole at the end of every pass, so it needs its full size in memory then
+anyway, and it sends every layer through the page cache (target/page_cache.py) rather than the
+direct reads (target/direct_window.py), whose passes compute at about the speed of a target in RAM. The plan also says when the drafter alone is what
 keeps the target out of RAM (where the target streams, `pipeline.drafter_or_layers` weighs the
 drafter against the layers its RAM would keep, plan/drafter_room.py). On a GPU (torch target) the layers'
 tiers come from `ondevice.target.offloaded.plan_offload`, the placement the loader makes.
@@ -365,10 +368,11 @@ def plan_memory(
     if drafter is not None:
         alone = plan_memory(target, None, n_ctx=n_ctx, max_tree=max_tree, budget=budget, process_bytes=process)
     note = ["without the drafter the target would fit in RAM (a load leaves it out where that is faster: --keep-drafter keeps it)"] if alone and alone.target_in_ram else []
-    for tree in streaming_tree_sizes(max_tree, tree_nodes):
-        streaming = plan(tree, False, note)
-        if streaming.cache_room >= target.streamed_window:
-            return streaming
+    streaming = [p for p in (plan(tree, False, note) for tree in streaming_tree_sizes(max_tree, tree_nodes))
+                 if p.cache_room >= target.streamed_window]  # fmt: skip
+    keeping_head = [p for p in streaming if OUTPUT_LAYER in p.kept_layers(ahead)] if ahead else []
+    if keeping_head or streaming:
+        return (keeping_head or streaming)[0]
     short = plan(min(TREE_SIZES), False)
     need = short.resident_bytes + target.streamed_window + MARGIN
     return plan(min(TREE_SIZES), False, [
