@@ -157,3 +157,15 @@ HELDOUT14_CHAT = [
     "What is a good way to start learning to draw?",
     "Why does bread go stale?",
 ]
+
+HELDOUT16_CODE = [  # written before the deep-streaming measurement (0.9 GB), measured once
+    "Write a Python function that flattens a nested dictionary into dotted keys, e.g. {'a': {'b': 1}} -> {'a.b': 1}.",
+    "Write a TypeScript function that debounces another function and returns a cancel method.",
+    "Write a SQL query that finds the three customers with the highest total order value in the last 30 days.",
+]
+
+HELDOUT16_CHAT = [
+    "What is the difference between TCP and UDP, and when would I pick each?",
+    "How can I make my morning routine less rushed? Give me a short plan.",
+    "Explain what a content delivery network does, for someone who runs a small website.",
+]
