@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ondevice.catalog import refs
+from ondevice.catalog.stores import resolve as stores
 from ondevice.catalog.choose import choose
 from ondevice.catalog.hub import PairFiles
 from ondevice.draft.loader import load_drafter
@@ -96,7 +96,7 @@ class LoadOptions:
             raise OndeviceError(f"--ctx must be at least 16 tokens (got {self.ctx}).")
         for flag, ref in (("--target", self.target), ("--drafter", self.drafter)):
             if ref is not None:
-                refs.check(ref, flag)
+                stores.check(ref, flag)
         if self.drafter is not None and not self.draft:
             raise OndeviceError("--drafter and --no-draft contradict each other; drop one.")
         return self

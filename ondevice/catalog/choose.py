@@ -1,84 +1,127 @@
-"""Which two files to run: a catalog pair, or `--target` / `--drafter` (local GGUF or hf: reference).
+"""Which two files to run: a catalog pair, or `--target` / `--drafter` (local GGUF or hf: reference),
+or a model that ollama, LM Studio, the Hugging Face cache or llama.cpp keeps (`-m qwen2.5:7b`, see
+stores/resolve.py), run where it lies. A catalog file a store already holds is used in place too.
 
 Without `--drafter`, a drafter for a target of your own is found automatically, and we say which:
 1. the drafter of the catalog pair whose target this file is;
-2. a model already downloaded (catalog drafters first, then any smaller GGUF in the models folder)
-   whose vocabulary works for the target (tokenizer.vocab_mismatch), the smallest first;
-3. the drafter of a catalog pair of the same architecture, downloaded now, if its vocabulary works.
+2. a model already on this disk whose vocabulary works for the target (tokenizer.vocab_mismatch):
+   downloaded ones (catalog drafters first, then any smaller GGUF in the models folder, the smallest
+   first), then the smaller models of the other programs' stores, the smallest first;
+3. the drafter of a catalog pair of the same architecture, proposed with its size, then downloaded
+   (on a terminal, if you agree), if its vocabulary works.
 If there is none, the target runs alone with prompt lookup (a drafter that needs no model).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.prompt import Confirm
 
 from ondevice import paths
-from ondevice.catalog import hub, refs
+from ondevice.catalog import hub
 from ondevice.catalog.hub import PairFiles
-from ondevice.catalog.pairs import list_pairs, load_pair
+from ondevice.catalog.pairs import ModelFile, list_pairs, load_pair
+from ondevice.catalog.stores.resolve import LocalModel, catalog_file, drafter_candidates, local_model, use
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import SPLIT_NAME, model_bytes, part_paths
 from ondevice.prompt.tokenizer import Tokenizer, vocab_mismatch
+from ondevice.sizes import format_bytes
 
 
 def choose(pair: str | None, target: str | None, drafter: str | None, draft: bool, console: Console | None = None) -> PairFiles:
     """The files to run for these load options, downloaded and verified as needed."""
     console = console or Console(stderr=True)
+    if target is None and not is_catalog_name(pair):
+        target = pair  # not a catalog pair: a model another program keeps (or a one-line error naming both)
     if target is None:
         spec = load_pair(pair)
-        target_path = hub.ensure_file(spec.target, console, announce_cached=False)
+        target_model = ensure(spec.target, console)
         if drafter is None:
-            drafter_path = hub.ensure_file(spec.drafter, console, announce_cached=False) if draft else None
-            return PairFiles(spec.name, spec.description, target_path, drafter_path, hub.digest_of(spec.target),
-                          hub.digest_of(spec.drafter) if draft else None)
-        drafter_path = refs.local_model(drafter, console)
-        return PairFiles(_name(target_path, drafter_path), f"{spec.target.label}, drafted by {drafter_path.name}",
-                      target_path, drafter_path, hub.digest_of(spec.target))
-    target_path = refs.local_model(target, console)
+            drafter_model = ensure(spec.drafter, console) if draft else None
+            return PairFiles(spec.name, spec.description, target_model.path, drafter_model and drafter_model.path, target_model.sha256,
+                             drafter_model and drafter_model.sha256)
+        drafter_model = local_model(drafter, console)
+        return PairFiles(_name(target_model.label, drafter_model.label), f"{spec.target.label}, drafted by {drafter_model.label}",
+                         target_model.path, drafter_model.path, target_model.sha256)
+    target_model = local_model(target, console)
+    target_path = target_model.path
     if not draft:
-        drafter_path = None
+        drafter_model = None
     elif drafter is not None:
-        drafter_path = refs.local_model(drafter, console)
+        drafter_model = local_model(drafter, console)
     else:
-        drafter_path = auto_drafter(target_path, console)
+        drafter_model = auto_drafter(target_path, console)
+    drafter_path = drafter_model and drafter_model.path
     for known in list_pairs():  # a catalog pair's own two files, given by path: the same pair (profiles, acceptance)
         if drafter_path and _same(hub.local_path(known.target), target_path) and _same(hub.local_path(known.drafter), drafter_path):
             return PairFiles(known.name, known.description, target_path, drafter_path, hub.digest_of(known.target), hub.digest_of(known.drafter))
-    text = f"{target_path.name}, drafted by {drafter_path.name}" if drafter_path else f"{target_path.name} (no drafter model)"
-    return PairFiles(_name(target_path, drafter_path), text, target_path, drafter_path)
+    text = f"{target_model.label}, drafted by {drafter_model.label}" if drafter_model else f"{target_model.label} (no drafter model)"
+    return PairFiles(_name(target_model.label, drafter_model and drafter_model.label), text, target_path, drafter_path,
+                     target_model.sha256, drafter_model and drafter_model.sha256)
+
+
+def is_catalog_name(name: str | None) -> bool:
+    """None (the default pair) or the name of a catalog pair."""
+    return name is None or any(pair.name == name for pair in list_pairs())
+
+
+def ensure(model_file: ModelFile, console: Console) -> LocalModel:
+    """A catalog model's file: ours if downloaded, else another program's copy used in place, else downloaded now."""
+    found = catalog_file(model_file, console)
+    if found is not None:
+        return found
+    path = hub.ensure_file(model_file, console, announce_cached=False)
+    return LocalModel(path, path.name, hub.digest_of(model_file))
 
 
 def _same(a: Path, b: Path) -> bool:
     return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
-def auto_drafter(target: Path, console: Console) -> Path | None:
+def auto_drafter(target: Path, console: Console) -> LocalModel | None:
     """A drafter for `target` (see the module docstring), said on the console; None if there is none."""
     target_tok = Tokenizer(target)
     for pair in list_pairs():  # 1. this file is a catalog target
         if _same(hub.local_path(pair.target), target):
-            path = hub.ensure_file(pair.drafter, console, announce_cached=False)
-            return _say(console, path, f"the drafter of the catalog pair {pair.name}")
+            found = ensure(pair.drafter, console)
+            return _say(console, found, f"the drafter of the catalog pair {pair.name}")
     for path in downloaded_drafters(target):  # 2. something already here with a working vocabulary
         if vocab_mismatch(target_tok, Tokenizer(path)) is None:
-            return _say(console, path, "already downloaded, same tokenizer")
+            return _say(console, LocalModel(path, path.name), "already downloaded, same tokenizer")
+    for model in drafter_candidates(target):  # ... or in another program's store
+        if vocab_mismatch(target_tok, Tokenizer(model.path)) is None:
+            return _say(console, use(model, console), f"{model.store}'s, {format_bytes(model.size)}, same tokenizer")
     tried = set()
     for pair in list_pairs():  # 3. the drafter of a catalog pair of the same architecture
         if pair.architecture != target_tok.architecture or hub.is_downloaded(pair.drafter) or pair.drafter.file in tried:
             continue
         tried.add(pair.drafter.file)
+        if not _agreed(console, pair):
+            continue
         try:
-            path = hub.ensure_file(pair.drafter, console, announce_cached=False)
+            found = ensure(pair.drafter, console)
         except OndeviceError as err:
             console.print(f"drafter {pair.drafter.label} of the catalog pair {pair.name}: {err}", markup=False, highlight=False)
             continue
-        if vocab_mismatch(target_tok, Tokenizer(path)) is None:
-            return _say(console, path, f"the drafter of the catalog pair {pair.name}, same architecture and tokenizer")
+        if vocab_mismatch(target_tok, Tokenizer(found.path)) is None:
+            return _say(console, found, f"the drafter of the catalog pair {pair.name}, same architecture and tokenizer")
     console.print("no compatible drafter found: the target runs alone, with prompt lookup (pass --drafter FILE to choose one)", markup=False)
     return None
+
+
+def _agreed(console: Console, pair) -> bool:
+    """Propose the catalog drafter with its size before anything is downloaded; on a terminal, ask."""
+    size = pair.drafter.size or pair.drafter.approx_size
+    console.print(f"no model on this disk drafts for this target; proposed drafter: {pair.drafter.label} "
+                  f"({format_bytes(size) if size else 'size unknown'}), the catalog pair {pair.name}'s (same architecture)",
+                  markup=False, highlight=False, soft_wrap=True)
+    if not (sys.stdin.isatty() and console.is_terminal):
+        return True
+    return Confirm.ask("download it?", default=True, console=console)
 
 
 def downloaded_drafters(target: Path) -> list[Path]:
@@ -103,17 +146,18 @@ def _is_model_file(path: Path) -> bool:
     return split is None or int(split["no"]) == 1
 
 
-def _say(console: Console, path: Path, why: str) -> Path:
-    console.print(f"drafter: {path.name} ({why})", markup=False, highlight=False)
-    return path
+def _say(console: Console, model: LocalModel, why: str) -> LocalModel:
+    console.print(f"drafter: {model.label} ({why})", markup=False, highlight=False)
+    return model
 
 
-def _stem(path: Path) -> str:
-    return re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", path.name)
+def _without_suffix(name: str) -> str:
+    return re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", name)
 
 
-def _name(target: Path, drafter: Path | None) -> str:
-    """A name for profiles and acceptance records: the file names, made safe for a file name."""
-    text = _stem(target) + (f"+{_stem(drafter)}" if drafter else "")
+def _name(target: str, drafter: str | None) -> str:
+    """A name for profiles and acceptance records: the models' names (a file's without .gguf), made
+    safe for a file name."""
+    text = _without_suffix(target) + (f"+{_without_suffix(drafter)}" if drafter else "")
     return re.sub(r"[^A-Za-z0-9._+-]", "_", text)[:120]
 

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ondevice.catalog import hub
+from ondevice.catalog.choose import is_catalog_name
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
 from ondevice.loading import LoadOptions, load_backends
@@ -37,7 +38,7 @@ def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOp
 
     For a catalog pair that is not downloaded: its predicted speed here instead (`ondevice models
     --predict`), from synthetic curves; nothing is downloaded."""
-    if load.target is None and load.drafter is None and not _downloaded(load_pair(load.model)):
+    if load.target is None and load.drafter is None and is_catalog_name(load.model) and not _downloaded(load_pair(load.model)):
         from ondevice.cli.forecast_view import show_forecasts  # lazy: the synthetic measurements import torch (~1 s)
 
         show_forecasts([load_pair(load.model)], as_json, console, load)

@@ -80,7 +80,7 @@ def ensure_export(
     (`nbits.requantize_4bit`; not exact, for a drafter); None: the GGUF's own codes."""
     gguf_path = Path(gguf_path).expanduser()
     folder, ident, body, head, trimmed, manifest = export_files(gguf_path, accuracy_level, head_rows, int4_block)
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)  # under $ONDEVICE_HOME for a model in another program's store
     with _locked(folder):
         saved = current_manifest(manifest, ident)
         missing = missing_files(saved, (body, head, trimmed))

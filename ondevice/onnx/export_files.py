@@ -15,14 +15,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ondevice.catalog.stores.derived import derived_path
+
 FORMAT_VERSION = 2  # 2: q/k/v and gate/up stacked into one MatMulNBits where their layouts agree
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, int32 accumulation (the fast kernels)
 DRAFTER_INT4_BLOCK = 32  # the ONNX drafter's matrices: 4 bits, one scale per 32 weights (README, "ONNX Runtime on the CPU")
 
 
 def export_dir(gguf_path: str | Path) -> Path:
+    """Beside the GGUF (under $ONDEVICE_HOME for a model in another program's store)."""
     path = Path(gguf_path).expanduser()
-    return path.with_name(path.name + ".onnx")
+    return derived_path(path, path.name + ".onnx")
 
 
 def _identity(gguf_path: Path, accuracy_level: int) -> dict:

@@ -260,6 +260,7 @@ def build_trimmed(drafter: Path, keep_ids: np.ndarray, calibration: str, reader:
     reader: the drafter already parsed, if the caller has it."""
     reader = reader or gguf.GGUFReader(drafter)
     trimmed, record_path = trimmed_paths(drafter)
+    trimmed.parent.mkdir(parents=True, exist_ok=True)  # under $ONDEVICE_HOME for a drafter in another program's store
     staged = trimmed.with_name(trimmed.name + ".partial")
     write_trimmed_gguf(reader, staged, keep_ids)
     embd = next(tensor for tensor in reader.tensors if tensor.name == "token_embd.weight")

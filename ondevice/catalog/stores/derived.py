@@ -1,0 +1,39 @@
+"""Where a file made from a model goes (a trimmed-vocabulary drafter, an ONNX export): beside the
+model, unless the model lies in another program's store, which is never written; then under
+`<home>/stores/derived/<key>/`, the key a hash of the model's path."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ondevice import paths
+from ondevice.catalog import stores
+
+
+def derived_path(model: str | Path, name: str) -> Path:
+    """The path of `name`, a file made from `model`."""
+    model = Path(model).expanduser()
+    if not in_store(model):
+        return model.with_name(name)
+    key = hashlib.sha256(str(model.absolute()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return paths.home() / "stores" / "derived" / key / name
+
+
+def in_store(path: Path) -> bool:
+    """Whether `path` (or the file it links to) lies in a store folder of ollama, LM Studio, the
+    Hugging Face cache or llama.cpp's cache."""
+    candidates = {path.absolute()}
+    try:
+        candidates.add(path.resolve())
+    except OSError:
+        pass
+    for root in stores.roots():
+        folders = {root.absolute()}
+        try:
+            folders.add(root.resolve())
+        except OSError:
+            pass
+        if any(folder == c or folder in c.parents for folder in folders for c in candidates):
+            return True
+    return False
