@@ -34,8 +34,8 @@ PredictOption = Annotated[
 
 
 def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
-    """List the catalog's model pairs (family, sizes, whether downloaded) and other downloaded GGUF files
-    (--predict: how fast each would run here)."""
+    """List the catalog's model pairs (family, sizes, whether downloaded), other downloaded GGUF files, and
+    the GGUF models of ollama, LM Studio, the Hugging Face cache and llama.cpp (--predict: how fast each pair would run here)."""
     if predict:
         from ondevice.cli.forecast_view import show_forecasts  # lazy: the synthetic measurements import torch (~1 s)
 
@@ -67,6 +67,9 @@ def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
         for path in others:
             extra.add_row(str(path), format_bytes(model_bytes(path)))
         console.print(extra)
+    from ondevice.cli.stores_view import show_store_models  # lazy: reads the stores' GGUF headers; imports llama.cpp
+
+    show_store_models(console, budget)
 
 
 def rm(

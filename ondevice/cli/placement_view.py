@@ -25,7 +25,14 @@ def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 
         return "? (unreadable GGUF header)"
     if target is None:
         return "?"
-    plan = plan_memory(target, drafter, n_ctx=n_ctx, budget=budget, ahead=WINDOW_AHEAD)  # as the loader plans it
+    return place(target, drafter, budget, n_ctx)
+
+
+def place(target: ModelSize, drafter: ModelSize | None, budget: RamBudget | None = None, n_ctx: int = 4096,
+          tree_nodes: int | None = None) -> str:
+    """Where a target of this size would live here beside this drafter, by the plan the loader makes
+    (tree_nodes: the largest tree without a drafter model, as `loading.plan_for` gives it)."""
+    plan = plan_memory(target, drafter, n_ctx=n_ctx, budget=budget, ahead=WINDOW_AHEAD, tree_nodes=tree_nodes)  # as the loader plans it
     if plan.target_in_ram:
         return "fits in RAM"
     over = " (over budget: heavy paging)" if plan.cache_room < plan.target.streamed_window else ""
