@@ -25,6 +25,7 @@ from ondevice import paths
 from ondevice.catalog import hub
 from ondevice.catalog.hub import PairFiles
 from ondevice.catalog.pairs import ModelFile, list_pairs, load_pair
+from ondevice.catalog.stores.model import possessive
 from ondevice.catalog.stores.resolve import LocalModel, catalog_file, drafter_candidates, local_model, use
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import SPLIT_NAME, model_bytes, part_paths
@@ -54,11 +55,12 @@ def choose(pair: str | None, target: str | None, drafter: str | None, draft: boo
     elif drafter is not None:
         drafter_model = local_model(drafter, console)
     else:
-        drafter_model = auto_drafter(target_path, console)
+        drafter_model = auto_drafter(target_model, console)
     drafter_path = drafter_model and drafter_model.path
-    for known in list_pairs():  # a catalog pair's own two files, given by path: the same pair (profiles, acceptance)
-        if drafter_path and _same(hub.local_path(known.target), target_path) and _same(hub.local_path(known.drafter), drafter_path):
-            return PairFiles(known.name, known.description, target_path, drafter_path, hub.digest_of(known.target), hub.digest_of(known.drafter))
+    for known in list_pairs():  # a catalog pair's own two files, given by path or digest: the same pair (profiles, acceptance)
+        if drafter_model and _is(known.target, target_model) and _is(known.drafter, drafter_model):
+            return PairFiles(known.name, known.description, target_path, drafter_path, hub.digest_of(known.target) or target_model.sha256,
+                             hub.digest_of(known.drafter) or drafter_model.sha256)
     text = f"{target_model.label}, drafted by {drafter_model.label}" if drafter_model else f"{target_model.label} (no drafter model)"
     return PairFiles(_name(target_model.label, drafter_model and drafter_model.label), text, target_path, drafter_path,
                      target_model.sha256, drafter_model and drafter_model.sha256)
@@ -82,19 +84,26 @@ def _same(a: Path, b: Path) -> bool:
     return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
-def auto_drafter(target: Path, console: Console) -> LocalModel | None:
-    """A drafter for `target` (see the module docstring), said on the console; None if there is none."""
+def _is(model_file: ModelFile, model: LocalModel) -> bool:
+    """`model` is this catalog file: our download of it, or a copy with its pinned sha256."""
+    return _same(hub.local_path(model_file), model.path) or (model_file.sha256 is not None and model.sha256 == model_file.sha256)
+
+
+def auto_drafter(target_model: LocalModel, console: Console) -> LocalModel | None:
+    """A drafter for the target (see the module docstring; of one size, a model of the target's store
+    first), said on the console; None if there is none."""
+    target = target_model.path
     target_tok = Tokenizer(target)
     for pair in list_pairs():  # 1. this file is a catalog target
-        if _same(hub.local_path(pair.target), target):
+        if _is(pair.target, target_model):
             found = ensure(pair.drafter, console)
             return _say(console, found, f"the drafter of the catalog pair {pair.name}")
     for path in downloaded_drafters(target):  # 2. something already here with a working vocabulary
         if vocab_mismatch(target_tok, Tokenizer(path)) is None:
             return _say(console, LocalModel(path, path.name), "already downloaded, same tokenizer")
-    for model in drafter_candidates(target):  # ... or in another program's store
+    for model in drafter_candidates(target, target_model.store):  # ... or in another program's store
         if vocab_mismatch(target_tok, Tokenizer(model.path)) is None:
-            return _say(console, use(model, console), f"{model.store}'s, {format_bytes(model.size)}, same tokenizer")
+            return _say(console, use(model, console), f"{possessive(model.store)}, {format_bytes(model.size)}, same tokenizer")
     tried = set()
     for pair in list_pairs():  # 3. the drafter of a catalog pair of the same architecture
         if pair.architecture != target_tok.architecture or hub.is_downloaded(pair.drafter) or pair.drafter.file in tried:

@@ -91,9 +91,16 @@ def model_at(path: Path, name: str, repo: str, store: str) -> StoreModel:
 
 
 def blob_digest(path: Path) -> str | None:
-    """The sha256 a snapshot file's blob is named by (an LFS file); None for a plain file or a git blob."""
-    target = Path(os.path.realpath(path))
-    return target.name if target.parent.name == "blobs" and _SHA256.fullmatch(target.name) else None
+    """The sha256 a snapshot file's blob is named by (an LFS file): the blob its link names, or the
+    one it finally resolves to; None for a plain file or a git blob."""
+    try:
+        targets = [Path(os.readlink(path))] if path.is_symlink() else []
+    except OSError:
+        targets = []
+    for target in targets + [Path(os.path.realpath(path))]:
+        if target.parent.name == "blobs" and _SHA256.fullmatch(target.name):
+            return target.name
+    return None
 
 
 def _size(path: Path) -> int:

@@ -33,6 +33,11 @@ class StoreModel:
         return quant_of(self.path.name) if self.store != "ollama" else None
 
 
+def possessive(store: str) -> str:
+    """"ollama's", "LM Studio's", "the HF cache's", "llama.cpp's"."""
+    return f"the {store}'s" if store == "HF cache" else f"{store}'s"
+
+
 def quant_of(file_name: str) -> str | None:
     """Q4_K_M, IQ4_XS, Q8_0, F16, … from a GGUF's file name, upper case; None if it names none."""
     match = _QUANT.search(re.sub(r"(-\d{5}-of-\d{5})?\.gguf$", "", file_name, flags=re.IGNORECASE))

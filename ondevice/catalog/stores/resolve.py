@@ -26,7 +26,7 @@ from rich.console import Console
 from ondevice.catalog import refs
 from ondevice.catalog.pairs import ModelFile, list_pairs
 from ondevice.catalog.stores import Scan, digests, hf_cache, llama_cache, lmstudio, ollama, scan_all
-from ondevice.catalog.stores.model import DEFAULT_QUANT, StoreModel
+from ondevice.catalog.stores.model import DEFAULT_QUANT, StoreModel, possessive
 from ondevice.catalog.stores.reading import file_problem, is_dir
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_header import read_header
@@ -44,6 +44,7 @@ class LocalModel:
     path: Path
     label: str
     sha256: str | None = None  # when known: the digest it was checked against
+    store: str | None = None  # the program whose store holds it (None: a file of our own or yours)
 
 
 def is_store_name(text: str) -> bool:
@@ -128,7 +129,7 @@ def use(model: StoreModel, console: Console) -> LocalModel:
         note = ollama.template_note(model, template if isinstance(template, str) else None)
         if note:
             console.print(note, markup=False, highlight=False, soft_wrap=True)
-    return LocalModel(model.path, model.name, model.digest)
+    return LocalModel(model.path, model.name, model.digest, model.store)
 
 
 def not_found(text: str, scan: Scan) -> str:
@@ -170,8 +171,8 @@ def catalog_file(model_file: ModelFile, console: Console) -> LocalModel | None:
         except OndeviceError as err:
             console.print(f"{err}; not using it", markup=False, highlight=False, soft_wrap=True)
             continue
-        console.print(f"{model_file.label}: using the {store}'s copy where it lies ({paths[0]})", markup=False, highlight=False, soft_wrap=True)
-        return LocalModel(paths[0], model_file.label, model_file.sha256 or hf_cache.blob_digest(paths[0]))
+        console.print(f"{model_file.label}: using {possessive(store)} copy where it lies ({paths[0]})", markup=False, highlight=False, soft_wrap=True)
+        return LocalModel(paths[0], model_file.label, model_file.sha256 or hf_cache.blob_digest(paths[0]), store)
     return None
 
 
@@ -204,14 +205,15 @@ def _hf_roots() -> list[tuple[str, Path]]:
 # Drafters among the models on disk
 
 
-def drafter_candidates(target: Path) -> list[StoreModel]:
-    """The stores' models that might draft for `target`, smallest first: runnable, smaller than it,
-    and a tokenizer of the same kind by their headers (the caller compares the vocabularies)."""
+def drafter_candidates(target: Path, store: str | None = None) -> list[StoreModel]:
+    """The stores' models that might draft for `target`, smallest first (of one size, those of the
+    target's `store` first): runnable, smaller than it, and a tokenizer of the same kind by their
+    headers (the caller compares the vocabularies)."""
     kind, size = tokenizer_kind(target), model_bytes(target)
     target_file = os.path.realpath(target)
     found = [m for m in scan_all().models
              if m.problem is None and 0 < m.size < size and os.path.realpath(m.path) != target_file and tokenizer_kind(m.path) == kind]
-    return sorted(found, key=lambda m: (m.size, m.name))
+    return sorted(found, key=lambda m: (m.size, m.store != store, m.name))
 
 
 def tokenizer_kind(path: Path) -> tuple | None:
