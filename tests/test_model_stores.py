@@ -103,6 +103,12 @@ def test_models_lists_every_store(stores, tiny):
     assert store_state(stores) == before  # read in place: nothing written, moved or touched
 
 
+def test_names_from_a_store_are_printed_literally(home, tiny):
+    lmstudio_model(home, "pub/[bold]odd-GGUF", tiny["target"])
+    result = ondevice("models")
+    assert result.returncode == 0 and "lmstudio:pub/[bold]odd-GGUF" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("name", ["tiny", "ollama:tiny:latest", "lmstudio:tester/tiny-GGUF", "hf:org/tiny-GGUF"])
 def test_generate_by_name_answers_as_the_file_itself(stores, tiny, name):
     reference = ondevice(*GENERATE, "--target", str(tiny["target"]), "--no-draft")

@@ -11,6 +11,7 @@ from gguf import LlamaFileType
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ondevice.catalog.choose import downloaded_drafters
 from ondevice.catalog.pairs import list_pairs
@@ -47,7 +48,8 @@ def show_store_models(console: Console, budget: RamBudget) -> None:
     for model in sorted(scan.models, key=lambda m: (order.index(m.store), m.name.lower())):
         name = model.name + (f" (= {pins[model.digest]})" if model.digest in pins else "")
         arch, quant, where = row_facts(model, runnable, budget)
-        table.add_row(name, model.store, format_bytes(model.size) if model.size else "?", arch, quant, where, str(model.path))
+        cells = (name, model.store, format_bytes(model.size) if model.size else "?", arch, quant, where, str(model.path))
+        table.add_row(*map(Text, cells))  # names and paths come from other programs' files: never read as markup
     console.print(table)
 
 
