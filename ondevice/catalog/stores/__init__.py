@@ -11,12 +11,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from ondevice.catalog.stores import hf_cache, llama_cache, lmstudio, ollama
 from ondevice.catalog.stores.model import StoreModel
 from ondevice.catalog.stores.reading import StoreUnreadable
 
-STORES = (ollama, lmstudio, hf_cache, llama_cache)  # scanned in this order; each has STORE, roots() and scan(root)
+
+class Store(Protocol):
+    """What each store module is: its name, the folders it may live in, and what one of them holds."""
+
+    STORE: str
+
+    def roots(self) -> list[Path]: ...
+
+    def scan(self, root: Path) -> list[StoreModel]: ...  # StoreUnreadable if a folder cannot be listed
+
+
+STORES: tuple[Store, ...] = (ollama, lmstudio, hf_cache, llama_cache)  # scanned and listed in this order
 
 
 @dataclass

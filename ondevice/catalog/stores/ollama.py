@@ -68,7 +68,7 @@ def read_manifest(root: Path, parts: tuple[str, str, str, str], manifest: Path) 
         layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers")
         if not isinstance(layers, list) or not all(isinstance(layer, dict) for layer in layers):
             raise ValueError("no list of layers")
-    except (OSError, ValueError, AttributeError) as err:
+    except (OSError, ValueError, AttributeError, RecursionError) as err:
         return replace(model, problem=f"its manifest {manifest} cannot be read ({type(err).__name__}: {str(err)[:80]})")
     kinds = [str(layer.get("mediaType", "")) for layer in layers]
     if MODEL_LAYER not in kinds:
@@ -78,7 +78,7 @@ def read_manifest(root: Path, parts: tuple[str, str, str, str], manifest: Path) 
     layer = layers[kinds.index(MODEL_LAYER)]
     digest = _DIGEST.fullmatch(str(layer.get("digest", "")))
     size = layer.get("size")
-    if digest is None or not isinstance(size, int) or size <= 0:
+    if digest is None or type(size) is not int or size <= 0:
         return replace(model, problem=f"its manifest {manifest} gives no sha256 digest and size for the model")
     blob = blob_path(root, digest[1])
     problem = file_problem(blob, size)

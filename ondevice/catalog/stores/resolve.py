@@ -16,6 +16,7 @@ used in place too (`catalog_file`): only what is on no disk is downloaded.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -77,7 +78,8 @@ def local_model(text: str, console: Console) -> LocalModel:
     if found is not None:
         return use(found, console)
     if refs.is_hf(text):
-        for partial in candidates(f"partial:{text[len(hf_cache.PREFIX):].split(':')[0]}", scan):
+        repo = "/".join(text[len(hf_cache.PREFIX):].split(":")[0].split("/")[:2])
+        for partial in candidates(f"partial:{repo}", scan):
             console.print(f"{text}: the {partial.store} holds {partial.problem}; downloading it here instead", markup=False, highlight=False)
         path = refs.local_model(text, console)
         return LocalModel(path, path.name)
@@ -138,8 +140,8 @@ def not_found(text: str, scan: Scan) -> str:
     base = _bare(text.strip().lower()).rsplit(":", 1)[0]
     similar = [m.name for m in scan.models if _bare(m.name.lower()).split(":")[0] == base or (m.group or "").lower() == base][:8]
     known = ", ".join(sorted(p.name for p in list_pairs()))
-    message = (f"{text!r} is neither a catalog pair ({known}) nor a model that ollama, LM Studio, the Hugging Face cache or "
-               f"llama.cpp keeps on this machine; see `ondevice models`")
+    message = (f"no file, catalog pair ({known}) or model that ollama, LM Studio, the Hugging Face cache or llama.cpp keeps "
+               f"on this machine is named {text!r}; see `ondevice models`")
     if similar:
         message += f" (there: {', '.join(similar)})"
     if scan.unreadable:
@@ -218,7 +220,16 @@ def drafter_candidates(target: Path, store: str | None = None) -> list[StoreMode
 
 def tokenizer_kind(path: Path) -> tuple | None:
     """What must match for two models to share a tokenizer, as far as headers say: its model and
-    end-of-text id (None if the header cannot be read)."""
+    end-of-text id (None if the header cannot be read). Read once per file version."""
+    try:
+        info = Path(path).stat()
+    except OSError:
+        return None
+    return _tokenizer_kind(str(path), info.st_size, info.st_mtime_ns, info.st_ino)
+
+
+@functools.lru_cache(maxsize=512)
+def _tokenizer_kind(path: str, *version) -> tuple | None:
     try:
         meta = read_header(path).metadata
     except (OndeviceError, OSError):
