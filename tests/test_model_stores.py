@@ -294,3 +294,22 @@ def test_without_a_drafter_on_disk_one_is_proposed_with_its_size(home, tiny):
     assert result.returncode == 0, result.stderr
     proposed = result.stderr.index("proposed drafter: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (491 MB)")
     assert proposed < result.stderr.index("no compatible drafter found")  # offline here: proposed, then not had
+
+
+def test_a_manifest_that_is_not_json_or_nested_too_deep(home):
+    for name, text in (("garbage", "{not json"), ("deep", "[" * 100_000 + "]" * 100_000)):
+        path = ollama_root(home) / "manifests" / "registry.ollama.ai" / "library" / name / "latest"
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+        assert f"its manifest {path} cannot be read (" in error_of(name)
+
+
+def test_a_truncated_gguf_is_one_line_where_it_is_listed_and_run(home, tiny, tmp_path):
+    cut = tmp_path / "cut-F32.gguf"
+    cut.write_bytes(tiny["target"].read_bytes()[:200_000])  # an interrupted copy: the header is whole, the tensors are not
+    lmstudio_model(home, "tester/cut-GGUF", cut)
+    listing = ondevice("models")
+    row = next(line for line in listing.stdout.splitlines() if "lmstudio:tester/cut-GGUF" in line)
+    assert "cannot run:" in row, listing.stdout
+    line = one_line_error(ondevice(*GENERATE, "-m", "lmstudio:tester/cut-GGUF"))
+    assert "cut-F32.gguf" in line, line
