@@ -178,8 +178,12 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     write_tiny_pair(tiny_home, name="deep", arch="llama", head_scale=3.0)
     ship_tiny_keep_set(tiny_home, monkeypatch, "deep")
     target = ModelSize.from_gguf(tiny_home / "models" / "deep-target.gguf")
-    decode_slack = memory.DECODE_COPIES * 64 * target.n_vocab * memory.F32  # what kept layers leave for decoding (trees up to 64)
-    stream_tiny_target(tiny_home, monkeypatch, "deep", extra=max(target.layer_bytes) + target.head_bytes - 1 + decode_slack)  # the head, less a byte
+    drafter = ModelSize.from_gguf(tiny_home / "models" / "deep-drafter.gguf")
+    smallest = min(memory.TREE_SIZES)  # the plan gives up tree size before the head: short of it even at the smallest tree
+    decode_slack = memory.DECODE_COPIES * smallest * target.n_vocab * memory.F32  # what kept layers leave for decoding
+    buffers = {t: sum(memory._buffers(target, drafter, 256, memory.context_sizes(256, t, streams=True), memory.F16).values()) for t in (64, smallest)}
+    stream_tiny_target(tiny_home, monkeypatch, "deep",  # the head, less a byte
+                       extra=max(target.layer_bytes) + target.head_bytes - 1 + decode_slack - (buffers[64] - buffers[smallest]))
     opts = loading.LoadOptions(model="deep", threads=1, ctx=256)
     models = pipeline.choose("deep", None, None, True)
     plans = loading.MemoryPlans(models, opts)
