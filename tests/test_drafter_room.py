@@ -78,10 +78,14 @@ def test_with_nothing_measured_the_cost_model_predicts_speculation():
     choice = choose_drafter(Saved(ALONE), default_p_rank(), ArmBook(), ArmBook())
     predicted = choose_plan(Curves(DISK_BOUND, FAST_DRAFT), default_p_rank(), overlap_possible=False).predicted_tokens_per_second
     assert choice.with_source == "predicted" and choice.with_drafter == pytest.approx(predicted)
-    assert choice.keep == (predicted > UNSURE * 4.0)  # a prediction must beat the timed pass by the planner's distrust
-    for factor, keep in ((1.5, False), (2.5, True)):  # the drafter-less pass timed at predicted / factor tok/s
+    assert choice.keep == (predicted > 4.0)  # beats the timed pass: kept (by the planner's distrust), or kept to be measured
+    for factor, keep, explore in ((0.8, False, False), (1.5, True, True), (2.5, True, False)):  # the pass timed at predicted / factor tok/s
         timed = choose_drafter(Saved(replace(ALONE, seconds=factor / predicted)), default_p_rank(), ArmBook(), ArmBook())
-        assert timed.keep is keep and timed.with_source == "predicted"
+        assert (timed.keep, timed.explore) == (keep, explore) and timed.with_source == "predicted"
+        assert not timed.unsure  # an explored drafter is measured, not the pass timed again
+    measured = choose_drafter(Saved(replace(ALONE, seconds=1.5 / predicted)), default_p_rank(),
+                              book(**{"best-first@8": (60, 180 / predicted)}), ArmBook())  # then measured at a third: slower than the pass
+    assert measured.with_source == "measured" and not measured.keep and not measured.explore
 
 
 def test_a_close_call_is_timed_again_and_the_mean_of_the_last_timings_decides():

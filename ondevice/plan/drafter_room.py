@@ -21,9 +21,14 @@ So where the target streams with the drafter, the load compares two rates, measu
                          the passes of 2 … its trees' nodes are timed with it: `AlonePass.curve`,
                          what the drafter-less planner sizes its free rounds on)
 
-and loads the drafter only where it is faster; where its side is only predicted, only where it is
-faster by UNSURE (the planner's distrust of a prediction, plan/arms.py: on this pair's first loads under
-1.2 GB the cost model predicted 11.06 tok/s with the drafter, and the planner then measured 5.2–9.8).
+and loads the drafter only where it is faster. Where its side is only predicted, a prediction faster
+by UNSURE (the planner's distrust of a prediction, plan/arms.py: on this pair's first loads under
+1.2 GB the cost model predicted 11.06 tok/s with the drafter, and the planner then measured 5.2–9.8)
+keeps it; one faster by less loads it to be measured (`explore`): its answers fill the book of the
+regime with the drafter, and from then on what they measured decides. Without that a prediction
+short of UNSURE was never put to the test: under 0.9 GB the cost model predicted 6.5 tok/s with
+the drafter against 3.6 timed without, so the drafter was left out, and with it the answers then
+measured 6.3 tok/s (best-first @8) against 3.6 without.
 Free drafts stay on either way: they need no RAM.
 The timed pass is one moment of a disk whose speed drifts (0.11–0.21 s for the same pass within
 minutes here), so where the drafter is kept by less than UNSURE (the planner's trust in a
@@ -91,9 +96,10 @@ class DrafterChoice:
     without_source: str  # "measured" (book) or "timed" (the profile's alone pass)
     layers_with: int = 0  # target layers kept cached with the drafter
     layers_without: int = 0
+    explore: bool = False  # kept to be measured: predicted faster, by less than UNSURE, and not measured yet
 
     def describe(self) -> str:
-        verdict = "drafter loaded" if self.keep else "drafter left out"
+        verdict = "drafter loaded to measure it" if self.explore else "drafter loaded" if self.keep else "drafter left out"
         return (f"{verdict}: with it {self.with_drafter:.2f} tok/s ({self.with_source}, {self.layers_with} layers kept), "
                 f"without it {self.without:.2f} tok/s ({self.without_source}, {self.layers_without} layers kept)")
 
@@ -103,7 +109,7 @@ class DrafterChoice:
     @property
     def unsure(self) -> bool:
         """Kept, against a timed (not measured) target alone, by less than UNSURE: worth timing again."""
-        return self.keep and self.without_source == "timed" and self.with_drafter < UNSURE * self.without
+        return self.keep and not self.explore and self.without_source == "timed" and self.with_drafter < UNSURE * self.without
 
 
 def best_measured(book: ArmBook, min_tokens: float = MEASURED_TOKENS) -> float | None:
@@ -126,4 +132,6 @@ def choose_drafter(profile, p_rank, book_with: ArmBook, book_without: ArmBook, l
     measured_without = best_measured(book_without)
     without, without_source = (measured_without, "measured") if measured_without is not None else (1.0 / alone.seconds, "timed")
     needed = without * (UNSURE if with_source == "predicted" else 1.0)  # a prediction must beat a measurement by the planner's distrust
-    return DrafterChoice(with_drafter > needed, with_drafter, without, with_source, without_source, layers_with, alone.kept_layers)
+    explore = with_source == "predicted" and without < with_drafter <= needed  # ... or be put to the test
+    return DrafterChoice(with_drafter > needed or explore, with_drafter, without, with_source, without_source, layers_with,
+                         alone.kept_layers, explore)
