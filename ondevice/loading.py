@@ -38,7 +38,7 @@ from ondevice.plan.backends import best_backends
 from ondevice.plan.curve import pass_sizes
 from ondevice.plan.drafter_room import ALONE_CONTEXT, AlonePass
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET
-from ondevice.plan.latency import measure_target_timing
+from ondevice.plan.latency import MAX_TOKENS_PER_PASS, measure_target_timing
 from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
 from ondevice.plan.profile import ProfileBackends, get_profile, load_profile
 from ondevice.prompt.tokenizer import Tokenizer
@@ -254,27 +254,50 @@ def streaming_profile(plan: LoadPlan, drafters=CPU_BACKENDS, compare: bool = Fal
     profile leaves memory the plan does not count — llama.cpp's buffers grown for the largest batches
     it probes, ONNX Runtime's when another drafter is compared — and the kernel then evicts the
     layers the plan keeps cached (README, "Larger than memory", item 5). A child's memory goes when
-    it exits."""
+    it exits. The child times the target as this load will run it (the same memory plan: its trees'
+    sizes, its kept layers) where it can: it holds one model at a time, and while it times the target
+    the drafter's room holds its own interpreter. Planned again within what is left, a child under
+    0.9 GB gave up tree size for the LM head and timed passes of up to 8 tokens, and the planner
+    could then price no tree larger than 7 nodes where trees of 15 ran 1.3x faster."""
     facts, backends = machine_facts(home()), profile_backends(plan, drafters=drafters)
     found = load_profile(facts, backends)
-    if found is not None and plan.target_backend in found.targets and plan.drafter_backend in found.drafters:
+    measured = child_plan(plan)
+    timed = found.targets.get(plan.target_backend) if found is not None else None
+    stale = timed is not None and measured is plan and not times_trees_of(timed, plan.memory.sizes.max_tree)
+    if timed is not None and plan.drafter_backend in found.drafters and not stale:
         return found
-    process_bytes = plan.memory.process_bytes
-    left = replace(plan.options, ram_memory=max(1, plan.memory.budget.bytes - process_bytes))  # what is left while this process waits
     child = multiprocessing.get_context("spawn").Process(
-        target=_measure_streaming, args=(replace(plan, options=left, memory=None), process_bytes, drafters, compare), name="ondevice-profile"
+        target=_measure_streaming, args=(measured, plan.memory.process_bytes, drafters, compare, stale), name="ondevice-profile"
     )
     child.start()
     child.join()
     return load_profile(facts, backends) if child.exitcode == 0 else None
 
 
-def _measure_streaming(plan: LoadPlan, process_bytes: int, drafters, compare: bool) -> None:
-    """In the child process of `streaming_profile`: measure and save the profile, planned as the
-    parent plans (the same process size) within what the parent leaves."""
+def child_plan(plan: LoadPlan) -> LoadPlan:
+    """The plan the streaming profile's child times under: this load's own where the drafter's room
+    holds the child's interpreter (the child holds one model at a time), else one made within what
+    this process leaves while it waits (`memory` None: the child plans it)."""
+    if plan.memory.drafter_bytes >= plan.memory.process_bytes:
+        return plan
+    left = replace(plan.options, ram_memory=max(1, plan.memory.budget.bytes - plan.memory.process_bytes))
+    return replace(plan, options=left, memory=None)
+
+
+def times_trees_of(curve, max_tree: int) -> bool:
+    """Whether a streaming target's timed passes reach the trees a load plans (`max_tree` nodes), or
+    stopped short only where no tree could pay (latency.worth_timing): a profile timed under another
+    plan's smaller buffers leaves the planner unable to price the trees this one can verify."""
+    return curve.max_n >= max_tree or curve(curve.max_n) > MAX_TOKENS_PER_PASS * curve(curve.ns[0])
+
+
+def _measure_streaming(plan: LoadPlan, process_bytes: int, drafters, compare: bool, refresh: bool = False) -> None:
+    """In the child process of `streaming_profile`: measure and save the profile, with the parent's
+    memory plan, or planned as the parent plans (the same process size) within what it leaves;
+    `refresh`: measured anew (the saved profile's passes stop short of the plan's trees)."""
     try:
-        memory = MemoryPlans(plan.files, plan.options, process_bytes).plan(plan.target_backend, plan.drafter_backend, plan.n_ctx)
-        get_profile(profile_backends(replace(plan, memory=memory), drafters=drafters), compare=compare)
+        memory = plan.memory or MemoryPlans(plan.files, plan.options, process_bytes).plan(plan.target_backend, plan.drafter_backend, plan.n_ctx)
+        get_profile(profile_backends(replace(plan, memory=memory), drafters=drafters), refresh=refresh, compare=compare)
     except Exception as err:  # noqa: BLE001 - one line; the parent measures in its own process instead
         print(f"ondevice: measuring the streaming profile apart failed ({err}); the main process measures it", file=sys.stderr)
         sys.exit(1)

@@ -6,6 +6,7 @@ placement, the footprint and the bytes read per pass."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import gguf
 import numpy as np
@@ -213,3 +214,33 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     save_profile(measured)
     with ondevice.load("deep", threads=1, ctx=256, keep_drafter=True) as pipe:
         assert pipe.info["drafter_backend"] == "llama"
+
+
+def test_a_streaming_profile_times_the_trees_the_load_plans(tiny_home, monkeypatch):
+    """The child times the target under the parent's own memory plan (where the drafter's room holds
+    its interpreter), and a saved profile whose passes stop short of the plan's trees is timed anew:
+    otherwise the planner cannot price a tree past the last size timed."""
+    monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
+    stream_tiny_target(tiny_home, monkeypatch)
+    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256, keep_drafter=True, drafter_backend="llama")
+    models = pipeline.choose("tiny", None, None, True)
+    plan = loading.plan_load(opts, models, 200 << 20)
+    assert plan.streams and loading.child_plan(plan).memory is None  # a tiny drafter's room holds no interpreter: planned apart
+    assert loading.child_plan(replace(plan, memory=replace(plan.memory, drafter_bytes=300 << 20))).memory.drafter_bytes == 300 << 20
+    monkeypatch.setattr(loading, "child_plan", lambda plan: plan)  # as for the default pair: the parent's own plan
+    profile = loading.streaming_profile(plan)
+    timed = profile.targets["llama"]
+    assert loading.times_trees_of(timed, plan.memory.sizes.max_tree)
+    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    data = json.loads(path.read_text())
+    data["targets"]["llama"] = {"ns": [1, 2], "seconds": [0.5, 0.5]}  # a profile timed under smaller buffers
+    path.write_text(json.dumps(data))
+    again = loading.streaming_profile(plan).targets["llama"]
+    assert again.max_n > 2 and loading.times_trees_of(again, plan.memory.sizes.max_tree)
+
+
+def test_a_curve_covers_a_plan_up_to_its_trees_or_where_no_tree_could_pay():
+    flat = curve({1: 0.5, 2: 0.5, 4: 0.51, 8: 0.52})
+    assert loading.times_trees_of(flat, 8) and not loading.times_trees_of(flat, 32)
+    steep = curve({1: 0.01, 2: 0.05, 4: 0.3})  # a 4-token pass costs 30 single ones: the sweep stopped there on purpose
+    assert loading.times_trees_of(steep, 64)
