@@ -1,8 +1,9 @@
 """The child process of the GGUF fuzz test (test_untrusted_gguf.py): opens each mutant as ondevice does.
 
-    python gguf_fuzz_child.py BASE.gguf SEED N START
+    python gguf_fuzz_child.py BASE.gguf SEED N START [KIND]
 
-For mutant i (from START on) it prints `start i`, then one JSON line: {"i", "label", "outcome"} where
+KIND is `header` (gguf_mutants.py: the format broken; the default) or `model`
+(gguf_model_mutants.py: well-formed files whose metadata llama.cpp asserts on). For mutant i (from START on) it prints `start i`, then one JSON line: {"i", "label", "outcome"} where
 outcome is "refused: <the one-line error>", "loaded" (the file passed every check and llama.cpp loaded
 it and decoded a token) or "bug: <traceback>" (anything but an OndeviceError, or an error of more than
 one line). At the end: {"done": true, "maxrss_kb": peak resident memory}. A crash or a hang shows as a
@@ -20,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from gguf_model_mutants import TEXT, model_mutants  # noqa: E402
 from gguf_mutants import mutants  # noqa: E402
 from ondevice.errors import OndeviceError  # noqa: E402
 from ondevice.files.gguf_reader import SplitReader  # noqa: E402
@@ -34,7 +36,8 @@ def open_like_ondevice(path: Path) -> str:
     ModelSize.from_gguf(path)  # the memory plan reads the header first
     SplitReader(path)  # gguf-py: the torch and ONNX backends, VocabTrim
     tokenizer = Tokenizer(path)
-    tokenizer.encode("hello world")
+    ids = tokenizer.encode(TEXT)  # every byte that a prompt can hold goes through the tokenizer's byte fallback
+    tokenizer.decode(ids + list(range(tokenizer.n_vocab)))
     model = LlamaModel(path)
     context = LlamaContext(model, n_ctx=64, n_seq_max=1, n_batch=8, threads=1)
     context.decode([1], [0], [0], [True])
@@ -51,10 +54,11 @@ def outcome(path: Path) -> str:
         return "bug: " + traceback.format_exc(limit=4)
 
 
-def main(base: str, seed: str, n: str, start: str) -> None:
+def main(base: str, seed: str, n: str, start: str, kind: str = "header") -> None:
     data = Path(base).read_bytes()
+    make = {"header": mutants, "model": model_mutants}[kind]
     with tempfile.TemporaryDirectory() as folder:
-        for i, (label, blob) in enumerate(mutants(data, int(seed), int(n))):
+        for i, (label, blob) in enumerate(make(data, int(seed), int(n))):
             if i < int(start):
                 continue
             path = Path(folder) / f"mutant-{i}.gguf"  # a new name each: nothing cached applies to it

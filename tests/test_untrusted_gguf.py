@@ -1,10 +1,13 @@
-"""Malformed GGUF files (issue 24): one line naming what is wrong, never a traceback, abort, hang or
-unbounded memory — and llama.cpp never sees a file it would abort on.
+"""Malformed GGUF files: one line naming what is wrong, never a traceback, abort, hang or unbounded
+memory — and llama.cpp never sees a file it would abort on.
 
-Named regression tests: each case of the issue as the CLI meets it (`ondevice profile --target F`),
-and what the fuzz found since. The fuzz test: seeded mutants of three tiny models (tests/gguf_mutants.py)
-opened as ondevice opens a model — header, memory plan, gguf-py, llama.cpp vocabulary, model, one
-decode — in a child process (tests/gguf_fuzz_child.py) watched for crashes, hangs and memory.
+Named regression tests: each case found so far as the CLI meets it (`ondevice profile --target F`,
+`generate`, `bench`), and for the well-formed files llama.cpp aborts on, proof that llama.cpp alone
+does abort (tests/llama_alone_child.py). The fuzz tests: seeded mutants of three tiny models —
+the format broken (tests/gguf_mutants.py) and well-formed metadata llama.cpp asserts on
+(tests/gguf_model_mutants.py) — opened as ondevice opens a model — header, memory plan, gguf-py,
+llama.cpp vocabulary, model, tokenizing every byte, one decode — in a child process
+(tests/gguf_fuzz_child.py) watched for crashes, hangs and memory.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import gguf
 import pytest
 
+from gguf_model_mutants import ARRAY, FLOAT32, INT32, STRING, UINT32, read_gguf, write_gguf
 from gguf_mutants import header_fields, patch_field
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
@@ -31,6 +35,7 @@ from tiny_models import CHATML, tiny_vocab, write_tiny_gguf
 
 TESTS = Path(__file__).parent
 FUZZ_CASES = 200  # per base model: 600 in all, ~5 s
+MODEL_FUZZ_CASES = 180  # well-formed mutants per base model: 540 in all, ~5 s
 CASE_SECONDS = 20  # a case that takes longer is a hang
 MAX_RSS_BYTES = 1 << 30
 
@@ -142,6 +147,109 @@ def test_metadata_llama_cpp_would_abort_on_is_refused(base, tmp_path, name, make
         Tokenizer(path)  # the vocabulary load, first in every pipeline, goes through the check
 
 
+# --- well-formed files llama.cpp aborts on (or hangs): proof that it does, and ondevice's one line ---
+
+
+def remodel(data: bytes, change, alignment: int = 32) -> bytes:
+    model = read_gguf(data)
+    change(model)
+    return write_gguf(model, alignment)
+
+
+def tokenizer_model(name: str, merges: bool = True, scores: bool = False, byte_token: int | None = None):
+    def change(model):
+        model.kv["tokenizer.ggml.model"] = (STRING, name.encode())
+        n = len(model.kv["tokenizer.ggml.tokens"][1][1])
+        if not merges:
+            model.kv.pop("tokenizer.ggml.merges")
+        if scores:
+            model.kv["tokenizer.ggml.scores"] = (ARRAY, (FLOAT32, [0.0] * n))
+        if byte_token is not None:
+            types = list(model.kv["tokenizer.ggml.token_type"][1][1])
+            types[byte_token] = 6  # BYTE
+            model.kv["tokenizer.ggml.token_type"] = (ARRAY, (INT32, types))
+    return change
+
+
+def nul_in_token(model):
+    tokens = list(model.kv["tokenizer.ggml.tokens"][1][1])
+    tokens[300] = tokens[300][:1] + b"\0" + tokens[300][1:]
+    model.kv["tokenizer.ggml.tokens"] = (ARRAY, (STRING, tokens))
+
+
+def rms_epsilon(value: float):
+    def change(model):
+        model.kv["llama.attention.layer_norm_rms_epsilon"] = (FLOAT32, value)
+    return change
+
+
+def packed_at_one_byte(model):
+    model.kv["general.alignment"] = (UINT32, 1)
+    model.kv["general.padding"] = (STRING, b"x")  # so the data section does not happen to fall on 32 bytes
+
+
+# (name, the file from the base, words the one error line must hold, what llama.cpp alone does with it)
+DEADLY_CASES = [
+    ("tokenizer-llama-without-merges", lambda b: remodel(b, tokenizer_model("llama", merges=False)), "byte token", "aborted"),
+    ("tokenizer-llama-with-scores", lambda b: remodel(b, tokenizer_model("llama", merges=False, scores=True)), "byte token", "aborted"),
+    ("bert-with-a-byte-token", lambda b: remodel(b, tokenizer_model("bert", merges=False, byte_token=65)), "'bert'", "aborted"),
+    ("nul-in-a-token-text", lambda b: remodel(b, nul_in_token), "NUL byte", "aborted"),
+    ("rms-epsilon-minus-1", lambda b: remodel(b, rms_epsilon(-1.0)), "layer_norm_rms_epsilon is -1.0", "aborted"),
+    ("rms-epsilon-nan", lambda b: remodel(b, rms_epsilon(float("nan"))), "layer_norm_rms_epsilon is nan", "aborted"),
+    ("alignment-1-packed", lambda b: remodel(b, packed_at_one_byte, alignment=1), "not a multiple of 32", "aborted"),
+    ("tokenizer-rwkv", lambda b: remodel(b, tokenizer_model("rwkv")), "'rwkv'", "hung"),
+]
+
+
+def llama_cpp_alone(path: Path, seconds: float = 20) -> str:
+    """What llama.cpp does with the file without ondevice's checks: "aborted", "hung", "refused" or "loaded"."""
+    try:
+        result = subprocess.run([sys.executable, str(TESTS / "llama_alone_child.py"), str(path)], capture_output=True, text=True,
+                                timeout=seconds, env={**os.environ, "GGML_NO_BACKTRACE": "1"})
+    except subprocess.TimeoutExpired:
+        return "hung"
+    return "aborted" if result.returncode < 0 else result.stdout.strip() or f"exit {result.returncode}"
+
+
+@pytest.mark.parametrize("name,make,words,alone", DEADLY_CASES, ids=[c[0] for c in DEADLY_CASES])
+def test_well_formed_file_llama_cpp_dies_on_is_one_line(base, tmp_path, name, make, words, alone):
+    path = tmp_path / f"{name}.gguf"
+    path.write_bytes(make(base))
+    read_header(path)  # valid GGUF: nothing for the header reader to refuse
+    assert llama_cpp_alone(path, seconds=4 if alone == "hung" else 30) == alone  # the case is real with this llama.cpp
+    line = one_line_error(["generate", "hi", "--target", str(path), "--no-draft", "--threads", "1"])
+    assert str(path) in line and words in line, line
+
+
+def test_bench_refuses_a_file_llama_cpp_dies_on_in_one_line(base, tmp_path):
+    path = tmp_path / "nul.gguf"
+    path.write_bytes(remodel(base, nul_in_token))
+    line = one_line_error(["bench", "--target", str(path), "--no-draft", "--threads", "1", "--limit", "1", "--max-tokens", "4"])
+    assert "NUL byte" in line, line
+
+
+def test_split_name_of_zero_parts_is_one_line(base, tmp_path):
+    """A valid file named as part 1 of 0 (an IndexError in the header reader before)."""
+    path = tmp_path / "m-00001-of-00000.gguf"
+    path.write_bytes(base)
+    line = one_line_error(["generate", "hi", "--target", str(path), "--no-draft", "--threads", "1"])
+    assert "m-00001-of-00000.gguf" in line and "parts" in line, line
+
+
+def test_the_rewritten_base_and_a_sentencepiece_vocabulary_load(base, tmp_path):
+    """The rewriter makes valid files unless told otherwise: the base rewritten is the same bytes, and
+    a SentencePiece vocabulary with all 256 byte tokens passes the check and runs in llama.cpp."""
+    from gguf_model_mutants import as_sentencepiece
+
+    assert remodel(base, lambda model: None) == base
+    path = tmp_path / "spm.gguf"
+    path.write_bytes(remodel(base, as_sentencepiece))
+    check_model_file(path)
+    assert llama_cpp_alone(path) == "loaded"
+    tokenizer = Tokenizer(path)
+    assert tokenizer.decode(tokenizer.encode("hello\n\0\xff")).endswith("hello\n\0\xff")  # SentencePiece adds a leading space
+
+
 def test_the_base_and_an_added_key_load(base, tmp_path):
     """The helpers above make valid files unless told otherwise: the base with an added harmless key loads."""
     path = tmp_path / "ok.gguf"
@@ -189,13 +297,13 @@ def fuzz_bases(tmp_path_factory) -> list[Path]:
             write_tiny_gguf(folder / "qwen3.gguf", arch="qwen3", chat_template=CHATML)]
 
 
-def run_fuzz(base: Path, seed: int, n: int) -> tuple[list[dict], list[str]]:
+def run_fuzz(base: Path, seed: int, n: int, kind: str = "header") -> tuple[list[dict], list[str]]:
     """Every mutant's outcome, and the problems: a crash, a hang, a traceback, memory past the bound.
     A child that dies or stalls on a case is restarted past it."""
     results, problems, start = [], [], 0
     while start < n:
-        child = subprocess.Popen([sys.executable, str(TESTS / "gguf_fuzz_child.py"), str(base), str(seed), str(n), str(start)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        child = subprocess.Popen([sys.executable, str(TESTS / "gguf_fuzz_child.py"), str(base), str(seed), str(n), str(start), kind],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "GGML_NO_BACKTRACE": "1"})
         current, start = None, n
         while True:
             ready, _, _ = select.select([child.stdout], [], [], CASE_SECONDS)
@@ -213,6 +321,8 @@ def run_fuzz(base: Path, seed: int, n: int) -> tuple[list[dict], list[str]]:
             if line.startswith("start "):
                 current = int(line.split()[1])
                 continue
+            if not line.startswith("{"):  # what a dying llama.cpp writes (its backtrace)
+                continue
             record = json.loads(line)
             if record.get("done"):
                 if record["maxrss_kb"] * 1024 > MAX_RSS_BYTES:
@@ -222,6 +332,24 @@ def run_fuzz(base: Path, seed: int, n: int) -> tuple[list[dict], list[str]]:
             if record["outcome"].startswith("bug"):
                 problems.append(f"{base.name} seed {seed} {record['label']}: {record['outcome'][-800:]}")
     return results, problems
+
+
+def test_fuzzed_gguf_metadata_never_aborts_hangs_or_traces(fuzz_bases):
+    """Seeded well-formed mutants of what llama.cpp asserts on (tokenizer model, token types, NUL in
+    token texts, norm epsilons, alignment; ONDEVICE_FUZZ_SEED picks another seed): each ends in one
+    line or loads, tokenizes every byte and decodes; and the fuzz is not vacuous (both outcomes occur)."""
+    seed = int(os.environ.get("ONDEVICE_FUZZ_SEED", "24"))
+    started = time.monotonic()
+    outcomes, problems = [], []
+    for i, base in enumerate(fuzz_bases):
+        results, found = run_fuzz(base, seed + i, MODEL_FUZZ_CASES, kind="model")
+        outcomes += [r["outcome"] for r in results]
+        problems += found
+    assert not problems, "\n".join(problems)
+    assert len(outcomes) == len(fuzz_bases) * MODEL_FUZZ_CASES >= 500
+    refused = sum(o.startswith("refused") for o in outcomes)
+    assert 0 < refused < len(outcomes), f"{refused} of {len(outcomes)} refused"
+    print(f"{len(outcomes)} mutants in {time.monotonic() - started:.1f} s, {refused} refused")
 
 
 def test_fuzzed_gguf_headers_never_crash_hang_or_trace(fuzz_bases):

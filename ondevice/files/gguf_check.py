@@ -5,7 +5,10 @@ format (a length or count past the end of the file, a tensor outside it, a bad a
 type). That is not enough for llama.cpp: its model loader *asserts* some facts about the metadata, and
 an assert aborts the whole process (SIGABRT and a backtrace, no error to catch) — `block_count` =
 2^31-1 against LLAMA_MAX_LAYERS, an expert count past LLAMA_MAX_EXPERTS, an unknown RoPE scaling
-name, two tokens with the same text. So before any llama.cpp load (`llama_backend.load_model`, every
+name, a norm epsilon below 0 or NaN (`eps >= 0.0f` at the first decode), a tensor whose bytes are not
+aligned as ggml's CPU buffers need (`general.alignment = 1` is valid GGUF: "buffer pointer must be
+aligned"), and what the vocabulary check knows (gguf_vocab.py: the tokenizer model, token types and
+texts). So before any llama.cpp load (`llama_backend.load_model`, every
 model and vocabulary goes through it) and before gguf-py parses a file (`gguf_reader.SplitReader`),
 `check_model_file(path)` reads the header and checks those facts, plus the hyperparameters our own
 code reads as integers. The verdict is kept per file version (path, size, mtime, ctime, inode) for
@@ -17,25 +20,28 @@ Limits are llama.cpp's (vendor/llama.cpp, src/llama-hparams.h, src/llama-model.c
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 from gguf.constants import GGMLQuantizationType
 
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_header import TOKENS_KEY, ArrayInfo, GGUFHeader, read_header
+from ondevice.files.gguf_header import GGUFHeader, read_header
 from ondevice.files.gguf_split import part_paths
+from ondevice.files.gguf_vocab import vocab_problem
 
 LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 MAX_HPARAM = (1 << 31) - 1  # llama.cpp keeps them in 32-bit integers
+TENSOR_ALIGNMENT = 32  # ggml's CPU buffers (ggml-backend.c TENSOR_ALIGNMENT): a mapped file's tensors must start at it
+EPSILONS = ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "attention.group_norm_epsilon")  # ggml asserts eps >= 0
 # `{arch}.` hyperparameters that must be whole numbers when present (llama.cpp reads them as integers;
 # plan/memory.py does arithmetic with them).
 INT_HPARAMS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
                "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
                "expert_count", "expert_used_count", "expert_group_count", "expert_group_used_count",
                "nextn_predict_layers", "vocab_size")  # fmt: skip
-_INT32, _FLOAT32, _STRING = 5, 6, 8  # GGUF value types
 # Weight types llama.cpp's CPU kernels multiply (an integer or F64 weight, or Q8_K, which is only an
 # activation format, has no kernel: llama.cpp asserts or calls a null function).
 WEIGHT_TYPES = frozenset(GGMLQuantizationType[name] for name in (
@@ -55,7 +61,7 @@ def check_model_file(path: str | Path) -> GGUFHeader:
 
 @functools.lru_cache(maxsize=32)
 def _checked(path: Path, stats: tuple) -> GGUFHeader:
-    header = read_header(path, distinct_tokens=True)
+    header = read_header(path)
     problem = model_problem(header)
     if problem:
         raise OndeviceError(f"{path} cannot be loaded: {problem}; it is damaged or not a model llama.cpp runs (download it again).")
@@ -64,7 +70,7 @@ def _checked(path: Path, stats: tuple) -> GGUFHeader:
 
 def model_problem(header: GGUFHeader) -> str | None:
     """What in the metadata would make llama.cpp abort or our own code fail, in words; None if nothing."""
-    return _hparam_problem(header) or _expert_problem(header) or _vocab_problem(header.metadata) or _tensor_problem(header)
+    return _hparam_problem(header) or _expert_problem(header) or _tensor_problem(header) or vocab_problem(header)
 
 
 def _int(value) -> bool:
@@ -87,6 +93,10 @@ def _hparam_problem(header: GGUFHeader) -> str | None:
     scaling = header.arch_value("rope.scaling.type")
     if scaling is not None and scaling not in ROPE_SCALING_TYPES:
         return f"{arch}.rope.scaling.type is {scaling!r}, not one of {', '.join(ROPE_SCALING_TYPES)}"
+    for key in EPSILONS:
+        eps = header.arch_value(key)
+        if eps is not None and (not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (math.isfinite(eps) and eps >= 0)):
+            return f"{arch}.{key} is {eps!r}, not a finite number >= 0"
     return None
 
 
@@ -105,28 +115,13 @@ def _expert_problem(header: GGUFHeader) -> str | None:
     return None
 
 
-def _vocab_problem(metadata: dict) -> str | None:
-    tokens = metadata.get(TOKENS_KEY)
-    if tokens is None:
-        return None  # llama.cpp refuses a model without a vocabulary itself, in an error it returns
-    if not isinstance(tokens, ArrayInfo) or tokens.element_type != _STRING:
-        return "tokenizer.ggml.tokens is not a list of strings"
-    if tokens.distinct is not None and tokens.distinct != tokens.length:
-        return f"tokenizer.ggml.tokens lists {tokens.length - tokens.distinct:,} token texts twice"
-    for key, types in (("tokenizer.ggml.token_type", (_INT32,)), ("tokenizer.ggml.scores", (_INT32, _FLOAT32))):
-        value = metadata.get(key)
-        if value is not None and (not isinstance(value, ArrayInfo) or value.element_type not in types or value.length < tokens.length):
-            return f"{key} does not hold a number for each of the {tokens.length:,} tokens"
-    merges = metadata.get("tokenizer.ggml.merges")
-    if merges is not None and (not isinstance(merges, ArrayInfo) or merges.element_type != _STRING):
-        return "tokenizer.ggml.merges is not a list of strings"
-    return None
-
-
 def _tensor_problem(header: GGUFHeader) -> str | None:
-    """Types llama.cpp's graph cannot compute with: it asserts (e.g. RoPE factors must be F32) at the
-    first decode. Converters keep every vector (norms, biases, RoPE factors) in F32."""
+    """Where ggml's buffers need tensors to start, and types llama.cpp's graph cannot compute with: it
+    asserts (e.g. RoPE factors must be F32) at the first decode. Converters keep every vector (norms,
+    biases, RoPE factors) in F32, and every tensor at a multiple of 32 bytes."""
     for t in header.tensors.values():
+        if t.offset % TENSOR_ALIGNMENT:
+            return f"tensor {t.name!r} starts at byte {t.offset:,}, not a multiple of {TENSOR_ALIGNMENT} as llama.cpp's buffers need"
         if t.qtype not in WEIGHT_TYPES:
             return f"tensor {t.name!r} has the type {t.type_name}, which is not a weight type"
         if len(t.shape) <= 1 and t.qtype != GGMLQuantizationType.F32:

@@ -15,7 +15,8 @@ against the bytes left in the file before it is used (ggml's own reader keeps th
 arrays of arrays are refused as llama.cpp refuses them, `general.alignment` must be a power of two,
 and every tensor must have 1..4 dimensions of at least 1, a known type, whole blocks, and its bytes
 right after the previous tensor's (padded to the alignment) and inside the file. Any of that is one
-OndeviceError line. What llama.cpp would *abort* on in well-formed metadata is gguf_check.py's.
+OndeviceError line. What llama.cpp would *abort* on in well-formed metadata is gguf_check.py's (and,
+for the vocabulary, whose items it reads where `ArrayInfo.start` says, gguf_vocab.py's).
 """
 
 from __future__ import annotations
@@ -48,12 +49,13 @@ TOKENS_KEY = "tokenizer.ggml.tokens"
 
 
 class ArrayInfo(NamedTuple):
-    """An array value as the header keeps it: its length and element type, not its items."""
+    """An array value as the header keeps it: its length, element type and where its items start, not
+    the items."""
 
     kind: str  # always "array"
     length: int
     element_type: int  # a GGUF value type (8: string)
-    distinct: int | None = None  # how many different texts (tokenizer.ggml.tokens, when asked for)
+    start: int = 0  # byte offset of its first item in the file (strings: each a u64 length, then its bytes)
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,8 @@ class _Cursor:
     """Reads a GGUF header from the mapped file: every length and count is checked against the bytes
     left before anything is read or allocated (a length of 2^63 is an error, not a MemoryError)."""
 
-    def __init__(self, buf, distinct_tokens: bool = False):
-        self.buf, self.pos, self.size, self.distinct_tokens = buf, 0, len(buf), distinct_tokens
+    def __init__(self, buf):
+        self.buf, self.pos, self.size = buf, 0, len(buf)
 
     def remaining(self) -> int:
         return self.size - self.pos
@@ -138,8 +140,8 @@ class _Cursor:
         self.pos += n
         return bytes(self.buf[self.pos - n : self.pos])
 
-    def strings(self, n: int, what: str):
-        """The next n strings' (start, end) offsets, checked (a vocabulary: 150k of them, read fast)."""
+    def skip_strings(self, n: int, what: str) -> None:
+        """Step over the next n strings, each length checked (a vocabulary: 150k of them, read fast)."""
         buf, pos, size, length_of = self.buf, self.pos, self.size, _U64.unpack_from
         for _ in range(n):
             if pos + 8 > size:
@@ -148,7 +150,6 @@ class _Cursor:
             pos += 8 + length
             if pos > size:
                 raise HeaderError(f"the length of {what} is {length:,}, more than the bytes left")
-            yield pos - length, pos
         self.pos = pos
 
     def value(self, kind: int, key: str):
@@ -163,15 +164,12 @@ class _Cursor:
             raise HeaderError(f"{_shown(key)} is an array of value type {elem}, which llama.cpp does not read")
         item_bytes = struct.calcsize(_SCALARS[elem]) if elem in _SCALARS else 8
         n = self.count(f"the length of {_shown(key)}", item_bytes, MAX_ARRAY_ITEMS)
+        start = self.pos
         if elem in _SCALARS:
             self.pos += n * item_bytes
-            return ArrayInfo("array", n, elem)
-        spans = self.strings(n, f"an item of {_shown(key)}")
-        if key == TOKENS_KEY and self.distinct_tokens:  # llama.cpp aborts on two tokens of one text (an empty one is renamed)
-            return ArrayInfo("array", n, elem, len({bytes(self.buf[a:b]) or b"[EMPTY_%d]" % i for i, (a, b) in enumerate(spans)}))
-        for _ in spans:
-            pass
-        return ArrayInfo("array", n, elem)
+        else:
+            self.skip_strings(n, f"an item of {_shown(key)}")
+        return ArrayInfo("array", n, elem, start)
 
 
 def _shown(text: str) -> str:
@@ -179,16 +177,15 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 48 else text[:48] + "…")
 
 
-def read_header(path: str | Path, distinct_tokens: bool = False) -> GGUFHeader:
-    """The header of a GGUF model (every part of a split one), or an OndeviceError naming the fix.
-    distinct_tokens: also count the different token texts (reads the vocabulary: ~0.1 s more)."""
+def read_header(path: str | Path) -> GGUFHeader:
+    """The header of a GGUF model (every part of a split one), or an OndeviceError naming the fix."""
     path = Path(path).expanduser()
-    parts = [_read_part(part, distinct_tokens) for part in part_paths(path)]
+    parts = [_read_part(part) for part in part_paths(path)]
     tensors = {name: t for part in parts for name, t in part.tensors.items()}
     return GGUFHeader(path, parts[0].metadata, tensors)
 
 
-def _read_part(path: Path, distinct_tokens: bool) -> GGUFHeader:
+def _read_part(path: Path) -> GGUFHeader:
     try:
         if not stat.S_ISREG(path.stat().st_mode):  # a FIFO or a device would block or never end
             raise OndeviceError(f"{path} is not a regular file; give the path of the .gguf model file.")
@@ -196,7 +193,7 @@ def _read_part(path: Path, distinct_tokens: bool) -> GGUFHeader:
             if os.fstat(f.fileno()).st_size < 24:
                 raise HeaderError("the file is too short")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _parse(path, _Cursor(buf, distinct_tokens))
+                return _parse(path, _Cursor(buf))
     except FileNotFoundError:
         raise OndeviceError(f"model file {path} does not exist; run `ondevice download` or check the path.") from None
     except IsADirectoryError:

@@ -29,9 +29,11 @@ def part_names(name: str) -> list[str]:
     match = SPLIT_NAME.match(base)
     if not match:
         return [name]
+    count = int(match["count"])
+    if count == 0:
+        raise OndeviceError(f"{base} is named as part {int(match['no'])} of 0 parts; a split GGUF has 1 or more parts: rename the file.")
     if int(match["no"]) != 1:
         raise OndeviceError(f"{base} is part {int(match['no'])} of a split GGUF: give the first part (…-00001-of-{match['count']}.gguf).")
-    count = int(match["count"])
     prefix = f"{folder}/" if folder else ""
     return [f"{prefix}{match['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
@@ -45,3 +47,16 @@ def part_paths(path: str | Path) -> list[Path]:
 def model_bytes(path: str | Path) -> int:
     """Size on disk of the whole model (all parts)."""
     return sum(part.stat().st_size for part in part_paths(path))
+
+
+def set_problem(path: str | Path) -> str | None:
+    """Why the model whose (first) file is `path` cannot be used as a whole, in words (a bad split name,
+    parts missing); None if every part is there."""
+    try:
+        parts = part_paths(path)
+    except OndeviceError as err:
+        return str(err)
+    missing = [part.name for part in parts if not part.is_file()]
+    if missing:
+        return f"{len(missing)} of its {len(parts)} parts missing ({missing[0]}{', …' if len(missing) > 1 else ''})"
+    return None
