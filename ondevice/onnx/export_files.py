@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ondevice.catalog.stores.derived import derived_path
+from ondevice.paths import MAX_STATE_BYTES, read_regular_file
 
 FORMAT_VERSION = 2  # 2: q/k/v and gate/up stacked into one MatMulNBits where their layouts agree
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, int32 accumulation (the fast kernels)
@@ -66,7 +67,7 @@ def missing_files(saved: dict | None, files) -> list[Path]:
 def current_manifest(manifest: Path, ident: dict) -> dict | None:
     """The manifest if it was written for this very file and these options, else None."""
     try:
-        saved = json.loads(manifest.read_text())
+        saved = json.loads(read_regular_file(manifest, MAX_STATE_BYTES)[0])  # not a FIFO, not without bound
     except (OSError, ValueError):
         return None
     return saved if isinstance(saved, dict) and all(saved.get(k) == v for k, v in ident.items()) else None

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.paths import home, read_state, write_json
+from ondevice.paths import home, read_state, state_file, write_json
 from ondevice.plan.sequoia import MAX_RANK
 from ondevice.tree import DraftTree
 
@@ -37,6 +37,11 @@ def _hazards(p_rank: np.ndarray) -> np.ndarray:
 
 def acceptance_dir() -> Path:
     return home() / "acceptance"
+
+
+def acceptance_file(name: str) -> Path:
+    """A record in acceptance_dir(), its name checked to be one plain file name there (paths.state_file)."""
+    return state_file("acceptance", name)
 
 
 class AcceptanceTracker:
@@ -101,12 +106,12 @@ class AcceptanceTracker:
         return tracker
 
     def save(self, pair: str) -> Path:
-        return write_json(acceptance_dir() / f"{pair}.json", self.to_dict())
+        return write_json(acceptance_file(f"{pair}.json"), self.to_dict())
 
     @classmethod
     def load(cls, pair: str) -> "AcceptanceTracker":
         """The saved tracker for this pair, or a fresh one with the default prior."""
-        return read_state(acceptance_dir() / f"{pair}.json", cls.from_dict, "acceptance record") or cls()
+        return read_state(acceptance_file(f"{pair}.json"), cls.from_dict, "acceptance record") or cls()
 
 
 # Which prior a pair starts from, by family. Only Qwen2.5's was measured (the numbers above); the

@@ -47,7 +47,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ondevice.paths import home, read_state, write_json
+from ondevice.paths import read_state, state_file, write_json
 from ondevice.protocols import FREE_BUILDERS, TARGET_FREE, DraftSpec
 
 PRIOR_TOKENS = 8.0  # W: a prediction's worth, in measured tokens
@@ -257,7 +257,7 @@ class ArmBook:
 
 
 def book_path(pair: str, regime: str) -> Path:
-    return home() / "arms" / f"{pair}-{regime}.json"
+    return state_file("arms", f"{pair}-{regime}.json")
 
 
 def load_book(pair: str, regime: str) -> ArmBook:

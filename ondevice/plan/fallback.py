@@ -30,7 +30,7 @@ import numpy as np
 
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.plan.curve import Curves
-from ondevice.plan.acceptance import acceptance_dir
+from ondevice.plan.acceptance import acceptance_file
 from ondevice.plan.cost_model import Plan
 from ondevice.paths import read_state, write_json
 from ondevice.protocols import Drafter, DraftSpec
@@ -105,7 +105,7 @@ class LookupTracker:
         return {k: getattr(self, k) for k in self.FIELDS}
 
     def save(self, pair: str, builder: str = "lookup") -> Path:
-        return write_json(acceptance_dir() / f"{pair}-{builder}.json", self.to_dict())
+        return write_json(acceptance_file(f"{pair}-{builder}.json"), self.to_dict())
 
     @classmethod
     def load(cls, pair: str, builder: str = "lookup") -> "LookupTracker":
@@ -119,7 +119,7 @@ class LookupTracker:
             tracker.tokens, tracker.matched_tokens, tracker.at_risk, tracker.accepted = counts
             return tracker
 
-        return read_state(acceptance_dir() / f"{pair}-{builder}.json", parse, f"{builder} record") or cls()
+        return read_state(acceptance_file(f"{pair}-{builder}.json"), parse, f"{builder} record") or cls()
 
 
 def lookup_plan(curves: Curves, tracker: LookupTracker, overhead_per_pass: float = 0.0, max_budget: int = MAX_LOOKUP_BUDGET,

@@ -47,7 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ondevice.paths import read_state, write_json
-from ondevice.plan.acceptance import acceptance_dir
+from ondevice.plan.acceptance import acceptance_file
 from ondevice.plan.arms import arm_of, family_of
 from ondevice.plan.cost_model import Plan, predict, priced_plans
 
@@ -110,7 +110,7 @@ class BuilderGains:
 
     @staticmethod
     def path(pair: str) -> Path:
-        return acceptance_dir() / f"{pair}.gains.json"  # beside the acceptance tracker's record
+        return acceptance_file(f"{pair}.gains.json")  # beside the acceptance tracker's record
 
     def save(self, pair: str) -> Path:
         return write_json(self.path(pair), self.to_dict())

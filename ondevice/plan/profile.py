@@ -32,7 +32,7 @@ from ondevice.plan.curve import Curves, LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.latency import target_steps
 from ondevice.plan.timing import Timing, timing_steps
 from ondevice.errors import OndeviceError
-from ondevice.paths import home, read_state, write_json
+from ondevice.paths import home, read_state, state_file, write_json
 from ondevice.machine.ram import return_freed_memory
 from ondevice.protocols import MAX_BUDGET
 
@@ -119,7 +119,7 @@ class Profile:
 
 
 def profile_path(fingerprint: str, pair: str, backend: str) -> Path:
-    return home() / "profiles" / f"{fingerprint}-{pair}-{backend}.json"
+    return state_file("profiles", f"{fingerprint}-{pair}-{backend}.json")
 
 
 def save_profile(profile: Profile) -> Path:

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ondevice.paths import home, read_state, write_json
+from ondevice.paths import read_state, state_file, write_json
 from ondevice.plan.curve import LatencyCurve
 
 FORMAT_VERSION = 1
@@ -72,7 +72,7 @@ class SyntheticMeasurement:
 
 def measurement_path(fingerprint: str, shape: str, role: str, backend: str, budgets: str = "") -> Path:
     suffix = "-" + re.sub(r"[^A-Za-z0-9.]+", "", budgets) if budgets else ""
-    return home() / "synthetic" / "curves" / f"{fingerprint}-{shape}-{role}-{backend}{suffix}.json"
+    return state_file("synthetic/curves", f"{fingerprint}-{shape}-{role}-{backend}{suffix}.json")
 
 
 def save_measurement(fingerprint: str, m: SyntheticMeasurement) -> Path:

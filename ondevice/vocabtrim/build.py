@@ -27,7 +27,7 @@ import gguf
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.paths import write_json
+from ondevice.paths import MAX_STATE_BYTES, read_regular_file, write_json
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.reference import greedy_reference
 from ondevice.target.llama_target import LlamaTarget
@@ -248,7 +248,7 @@ class TrimmedVocab:
     @classmethod
     def load(cls, path: Path) -> "TrimmedVocab":
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(read_regular_file(path, MAX_STATE_BYTES)[0])
             record["keep_ids"] = tuple(record["keep_ids"])
             return cls(**record)
         except (OSError, ValueError, TypeError, KeyError) as err:

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ondevice.paths import warn, write_json
+from ondevice.paths import inside, warn, write_json
 from ondevice.vocabtrim.build import TrimmedVocab, build_trimmed, find_trimmed, trimmed_paths
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "catalog" / "models"
 
 
 def shipped_path(pair: str) -> Path:
-    return SHIPPED_DIR / f"{pair}.vocab-trim.json"
+    return inside(SHIPPED_DIR, f"{pair}.vocab-trim.json", f"the shipped keep set of {pair}")
 
 
 def export(record: TrimmedVocab, pair: str) -> Path:
