@@ -25,6 +25,22 @@ from ondevice.errors import OndeviceError
 from ondevice.tree import DraftTree
 
 
+# What sampling takes. Below MIN_TEMPERATURE, logits / temperature overflow to inf for large logits and
+# the probabilities become NaN (1e-320 did); 0 is greedy, the exact limit of a small temperature.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 100.0
+MIN_TOP_P = 1e-6  # below it top-p keeps only the most likely token: say top-k 1
+MAX_TOP_K = 2**31 - 1
+MAX_SEED = 2**63 - 1
+
+
+class BadSampling(OndeviceError):
+    """A sampling value out of range; `param` names the field (a server's 400 says which)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How the target picks tokens. temperature == 0 means greedy."""
@@ -35,16 +51,25 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise OndeviceError(f"temperature must be >= 0 (got {self.temperature}).")
-        if not 0 < self.top_p <= 1:
-            raise OndeviceError(f"top-p must be in (0, 1] (got {self.top_p}).")
-        if self.top_k < 0:
-            raise OndeviceError(f"top-k must be >= 0 (got {self.top_k}).")
+        t, p = self.temperature, self.top_p
+        if not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):  # NaN fails both
+            raise BadSampling("temperature", f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and {MAX_TEMPERATURE:g} "
+                                             f"(got {_shown(t)}).")
+        if not MIN_TOP_P <= p <= 1:
+            raise BadSampling("top_p", f"top-p must be between {MIN_TOP_P:g} and 1 (got {_shown(p)}).")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise BadSampling("top_k", f"top-k must be between 0 and {MAX_TOP_K} (got {_shown(self.top_k)}).")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise BadSampling("seed", f"seed must be between 0 and {MAX_SEED} (got {_shown(self.seed)}).")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
 
 
 @dataclass

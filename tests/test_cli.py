@@ -1,8 +1,10 @@
-"""The CLI as a user meets it: one-line errors with a non-zero exit for bad input, and a real run."""
+"""The CLI as a user meets it: one-line errors with a non-zero exit for bad input, printed as they are
+(markup, invalid UTF-8, control characters), and a real run."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,8 +15,14 @@ from ondevice.prompt.tokenizer import Tokenizer, check_same_vocab
 from tiny_models import write_tiny_gguf
 
 
-def ondevice(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ondevice", *args], capture_output=True, text=True, timeout=timeout)
+def ondevice(*args: str, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ondevice", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def empty_home(home) -> dict[str, str]:
+    """An environment with ONDEVICE_HOME at `home` (no models) and no hub or package index to download from."""
+    return {"ONDEVICE_HOME": str(home), "HF_HUB_OFFLINE": "1", "ONDEVICE_PYPI_INDEX": "http://127.0.0.1:9/simple"}
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
@@ -34,15 +42,44 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *words: str) -> N
         (["generate", "hi", "--tree", "chain", "--budget", "100000"], ["--budget"]),
         (["generate", "hi", "--tree", "bushy"], ["bushy"]),
         (["generate", "hi", "--temperature", "-1"], ["temperature"]),
+        (["generate", "hi", "--temperature", "1e-320"], ["temperature must be 0 (greedy) or between", "1e-320"]),
+        (["generate", "hi", "--temperature", "nan"], ["temperature must be", "nan"]),
+        (["generate", "hi", "--temperature", "1e300"], ["temperature must be"]),
         (["generate", "hi", "--top-p", "1.5"], ["top-p"]),
+        (["generate", "hi", "--top-p", "1e-320"], ["top-p must be between"]),
+        (["generate", "hi", "--top-k", "99999999999"], ["top-k must be between"]),
+        (["generate", "hi", "--seed", "-1"], ["seed must be between"]),
+        (["chat", "--temperature", "1e-320"], ["temperature must be"]),
+        (["serve", "--temperature", "1e-320"], ["temperature must be"]),
         (["generate", "hi", "--target-backend", "tensorflow"], ["tensorflow"]),
         (["generate", "hi", "--drafter-backend", "tpu"], ["tpu"]),
         (["bench", "--backends", "onnx"], ["TARGET/DRAFTER", "onnx"]),
         (["generate", "hi", "--target-backend", "torch", "--gpu-memory", "lots"], ["lots"]),
     ],
 )
-def test_bad_input_is_one_line_error(args, words):
-    assert_one_line_error(ondevice(*args), *words)
+def test_bad_input_is_one_line_error(tmp_path, args, words):
+    """In an empty home with no network: an option that slipped through would fail on the missing
+    model, never load or download one."""
+    assert_one_line_error(ondevice(*args, env=empty_home(tmp_path)), *words)
+
+
+@pytest.mark.parametrize("name", ["a[/x]b", "[bold]loud[/bold]", "[/]", "x\x1b[31mred"])
+def test_error_text_is_printed_as_it_is(tmp_path, name):
+    """Rich markup in an error (here a model name echoed back) crashed the error printer ([/x]: a
+    MarkupError traceback) or was eaten ([bold]); a control character would drive the terminal."""
+    result = ondevice("generate", "hi", "-m", name, env=empty_home(tmp_path))
+    assert_one_line_error(result, f"unknown model pair {name!r}")
+    assert "\x1b" not in result.stderr
+
+
+def test_prompt_that_is_not_utf8_is_one_line_before_anything_loads(tmp_path):
+    """Bytes that are not UTF-8 on the command line (Python carries them as surrogates): one line
+    naming the byte, before the model is looked for (this home has none and no network)."""
+    result = subprocess.run([sys.executable.encode(), b"-m", b"ondevice", b"generate", b"caf\xe9 \xff"], capture_output=True,
+                            timeout=120, env={**os.environ, **empty_home(tmp_path)})
+    decoded = subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(), result.stderr.decode("utf-8", "replace"))
+    assert_one_line_error(decoded, "the prompt holds the byte 0xE9, which is not UTF-8, at character 3")
+    assert not (tmp_path / "models").exists()
 
 
 def test_mismatched_tokenizers_are_refused(tmp_path):

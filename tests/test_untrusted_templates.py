@@ -1,5 +1,6 @@
-"""Hostile chat templates (issue 24): each ends in one line, within the time budget, without this
-process's memory growing — the template runs in a child process (ondevice/prompt/template_process.py)."""
+"""Hostile chat templates: each ends in one line that says truthfully what happened, of bounded length,
+within the time budget, without this process's memory growing — the template runs in a child process
+(ondevice/prompt/template_process.py)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,53 @@ def test_hostile_template_in_the_cli_is_one_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1 and len(lines) == 1 and "did not render within" in lines[0], result.stderr
     assert time.monotonic() - started < TEMPLATE_SECONDS + 30
+
+
+def generate_with(tmp_path, template: str, *args: str) -> subprocess.CompletedProcess:
+    model = write_tiny_gguf(tmp_path / "t.gguf", arch="llama", chat_template=template)
+    return subprocess.run([sys.executable, "-m", "ondevice", "generate", "hi", "--target", str(model), "--no-draft", "--threads", "1", *args],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "ONDEVICE_HOME": str(tmp_path / "home")})
+
+
+def error_of(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_template_calling_an_unknown_codec_says_so_at_once():
+    """It was reported as "did not render within 5 s" after 1.1 s: the worker died of a LookupError."""
+    message, seconds = refused("{{ 'x'.encode('no-such-codec') }}")
+    assert "LookupError" in message and "no-such-codec" in message and "within" not in message, message
+    assert seconds < TEMPLATE_SECONDS
+    assert render(CHATML, USER, model="m.gguf").startswith("<|im_start|>")  # the same worker renders on
+
+
+def test_template_error_of_ten_megabytes_is_cut(tmp_path):
+    line = error_of(generate_with(tmp_path, "{{ raise_exception('E' * 10**7) }}"))
+    assert "refused the conversation: EEEE" in line and "more characters" in line and len(line) < 1000, line[:300]
+
+
+def test_template_error_holding_markup_is_printed_as_it_is(tmp_path):
+    line = error_of(generate_with(tmp_path, "{{ raise_exception('[/oops] and [bold]bold[/bold]') }}"))
+    assert line.endswith("refused the conversation: [/oops] and [bold]bold[/bold]"), line
+
+
+def test_template_writing_a_lone_surrogate_is_one_line(tmp_path):
+    line = error_of(generate_with(tmp_path, "{{ '\\ud800' }}" + CHATML))
+    assert "lone surrogate (U+D800)" in line and "chat template of t.gguf" in line, line
+
+
+def test_bench_with_a_prompt_longer_than_the_context_is_one_line(tmp_path):
+    """A 4 MB template's prompt does not fit the context: the target alone cannot run it, so no
+    configuration can; bench says so (it crashed on the missing draft spec of the target-alone row)."""
+    model = write_tiny_gguf(tmp_path / "big.gguf", arch="llama", chat_template=CHATML + "y" * (4 << 20))
+    result = subprocess.run([sys.executable, "-m", "ondevice", "bench", "--target", str(model), "--no-draft", "--threads", "1",
+                             "--limit", "1", "--max-tokens", "4", "--trees", "chain"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "ONDEVICE_HOME": str(tmp_path / "home")})
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[-1].startswith("error: the prompt is") and "context" in lines[-1], lines[-1]
 
 
 @pytest.fixture(autouse=True)

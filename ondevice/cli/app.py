@@ -7,6 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
+from ondevice.cli.literal import error_line
 from ondevice.errors import OndeviceError
 
 app = typer.Typer(
@@ -20,16 +21,19 @@ err_console = Console(stderr=True)
 
 
 def main() -> None:
-    """Console-script entry point: user errors become one line on stderr and exit code 1."""
+    """Console-script entry point: user errors become one line on stderr and exit code 1, printed as
+    they are (cli/literal.py: no markup, no control characters, bounded)."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")  # a file name that is not UTF-8 prints, as on stderr
     try:
         app()
     except OndeviceError as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        err_console.print(error_line(err), highlight=False, soft_wrap=True)
         sys.exit(1)
     except OSError as oserr:  # a disk or permission failure no command expected (state writes only warn): one line
         where = f" {oserr.filename}" if oserr.filename else ""
-        err_console.print(f"[bold red]error:[/] cannot use{where} ({oserr.strerror or oserr}); free some space, check its "
-                          "permissions, or set ONDEVICE_HOME to another folder", highlight=False, markup=True, soft_wrap=True)
+        err_console.print(error_line(f"cannot use{where} ({oserr.strerror or oserr}); free some space, check its "
+                                     "permissions, or set ONDEVICE_HOME to another folder"), highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")

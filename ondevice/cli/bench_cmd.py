@@ -17,6 +17,7 @@ from ondevice.bench.measured import record_bench
 from ondevice.bench.runner import BenchResult, best_of_sweep, config_name, count_same, forget_session, keep_fastest, run_config
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, keeping_drafter, load_pipeline, make_spec, rounds_text
+from ondevice.cli.literal import say
 from ondevice.cli.profile_cmd import curves_table
 from ondevice.errors import OndeviceError
 from ondevice.loading import Answers, LoadOptions
@@ -158,8 +159,10 @@ def bench_specs(pipe, ids: list[list[int]], specs, max_tokens: int, sampling: Sa
                 try:
                     result, outputs = run_config(pipe.engine, ids, spec, max_tokens, sampling, on_prompt=advance)
                 except OndeviceError as e:  # one configuration this machine cannot run: say so, measure the rest
+                    if spec is None:  # the target alone cannot: no configuration can (a prompt longer than the context)
+                        raise
                     result, outputs = BenchResult(label, spec.builder, spec.budget, error=str(e)), None
-                    err.print(f"{label}: skipped — {e}")
+                    say(err, f"{label}: skipped — {e}")
                 result.predicted_tokens_per_second = predicted.predicted_tokens_per_second if predicted else None
             result.config = prefix + result.config
             reference = outputs if spec is None and reference is None else reference

@@ -17,10 +17,12 @@ import typer
 
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import Decoding, console, err, keeping_drafter, load_pipeline, make_spec, stats_line
+from ondevice.cli.literal import error_line, say
 from ondevice.cli.terminal import LineReader, ctrl_c_stops_the_answer
 from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
 from ondevice.loading import STREAMING_CHAT_CTX, LoadOptions
+from ondevice.prompt.text import check_text
 from ondevice.verify import Sampling
 
 HELP = """commands:
@@ -86,12 +88,12 @@ def chat(
     load: LoadOptions,
 ) -> None:
     """Chat with the model in the terminal (downloads the default pair on first use)."""
-    settings = {**asdict(decoding), "system": system}
+    settings = {**asdict(decoding), "system": check_text(system, "--system")}
     no_draft = not load.draft
     spec = decoding.spec(load.draft)  # bad options fail before loading
     load = replace(keeping_drafter(load, [spec]), streaming_ctx=STREAMING_CHAT_CTX)  # a streaming target: RAM for layers
     with load_pipeline(load) as pipe:
-        err.print(f"[dim]{pipe.pair.description} · {pipe.placement_line()} · /help for commands, /bye to exit[/]")
+        say(err, f"{pipe.pair.description} · {pipe.placement_line()} · /help for commands, /bye to exit", "dim")
         converse(pipe, settings, no_draft)
 
 
@@ -115,7 +117,7 @@ def converse(pipe, settings: dict, no_draft: bool) -> None:
             if answer is not None:  # None: stopped with Ctrl-C, the question stays (as in ollama)
                 history.append({"role": "assistant", "content": answer})
         except OndeviceError as e:
-            err.print(f"[red]error:[/] {e}")
+            err.print(error_line(e), soft_wrap=True)
             if history and history[-1]["role"] == "user":
                 history.pop()
 
@@ -127,8 +129,8 @@ def handle_command(message: str, settings: dict, history: list, pipe) -> None:
     elif cmd == "/set":
         apply_set(settings, args)
     elif cmd == "/show":
-        console.print(f"model {pipe.pair.name} · {pipe.placement_line()}")
-        console.print(", ".join(f"{k}={v!r}" for k, v in settings.items()))
+        say(console, f"model {pipe.pair.name} · {pipe.placement_line()}")
+        say(console, ", ".join(f"{k}={v!r}" for k, v in settings.items()))
     elif cmd == "/clear":
         history.clear()
         console.print("conversation cleared")
@@ -145,7 +147,7 @@ def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: b
     reserve = min(settings["max_tokens"], n_ctx // 2)
     ids, dropped = fit_history(pipe, system, history, reserve, think=settings["think"])
     if dropped:
-        err.print(f"[dim]the conversation no longer fits the context ({n_ctx} tokens): dropped its oldest {dropped} messages[/]")
+        say(err, f"the conversation no longer fits the context ({n_ctx} tokens): dropped its oldest {dropped} messages", "dim")
     parts, stats, splitter = [], None, ThinkSplitter()
     with ctrl_c_stops_the_answer() as stop:  # the engine stops before its next target pass
         for rec in pipe.stream_tokens(ids, max_tokens=settings["max_tokens"], sampling=sampling, spec=spec, should_stop=stop.is_set):
@@ -155,9 +157,9 @@ def answer_once(pipe, history: list[dict[str, str]], settings: dict, no_draft: b
     show(splitter.flush())
     print()
     if stats.finish_reason == "interrupted":
-        err.print(f"[dim]stopped; this answer is left out of the conversation · {stats_line(stats, pipe)}[/]")
+        say(err, f"stopped; this answer is left out of the conversation · {stats_line(stats, pipe)}", "dim")
         return None
-    err.print(f"[dim]{stats_line(stats, pipe)}[/]")
+    say(err, stats_line(stats, pipe), "dim")
     return "".join(parts)
 
 

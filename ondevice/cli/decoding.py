@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from rich.console import Console
 
 from ondevice import pipeline
+from ondevice.cli.literal import literal
 from ondevice.engine import Stats
 from ondevice.errors import OndeviceError
 from ondevice.loading import Answers, LoadOptions
@@ -124,4 +125,4 @@ def keeping_drafter(load: LoadOptions, specs) -> LoadOptions:
 def load_pipeline(load: LoadOptions, answers: Answers | None = None) -> Pipeline:
     """Load (and on first use download) the pipeline, with a spinner on stderr; answers: see `loading.Answers`."""
     with err.status("loading models…") as spinner:
-        return pipeline.load_pipeline(load, status=lambda message: spinner.update(f"{message}…"), answers=answers)
+        return pipeline.load_pipeline(load, status=lambda message: spinner.update(literal(f"{message}…")), answers=answers)

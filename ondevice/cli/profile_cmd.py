@@ -16,11 +16,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ondevice.catalog import hub
 from ondevice.catalog.choose import is_catalog_name
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
+from ondevice.cli.literal import literal, say
 from ondevice.loading import LoadOptions, load_backends
 from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.backends import BackendOption, backend_options, best_backends
@@ -43,8 +45,8 @@ def profile(as_json: opt.Json = False, refresh: Refresh = False, *, load: LoadOp
 
         show_forecasts([load_pair(load.model)], as_json, console, load)
         if not as_json:
-            console.print(f"[dim]{load_pair(load.model).name} is not downloaded: this is a prediction. "
-                          f"`ondevice download {load_pair(load.model).name}` and run again to profile the real files.[/]")  # fmt: skip
+            say(console, f"{load_pair(load.model).name} is not downloaded: this is a prediction. "
+                         f"`ondevice download {load_pair(load.model).name}` and run again to profile the real files.", "dim")  # fmt: skip
         return
     backends = load_backends(load)  # the pipeline chooses the backends (one place)
     show_profile(backends, as_json=as_json, refresh=refresh)
@@ -75,7 +77,7 @@ def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool
     if len(options) > 1:
         out.print(backends_table(options, best_backends(prof, p_rank), backends))
     for what, why in prof.skipped.items():
-        out.print(f"[yellow]{what} not measured:[/] {why}")
+        out.print(Text.assemble((f"{what} not measured:", "yellow"), " ", literal(why)), soft_wrap=True)
     out.print(arms_table(planner))
     out.print(plan_line(plan))
     if prof.busy:
@@ -83,7 +85,7 @@ def show_profile(backends: ProfileBackends, as_json: bool = False, refresh: bool
                   "some sizes may read slow; it is measured again when a chat is idle, or run `ondevice profile --refresh`")
     how = "saved profile" if reused else f"measured in {prof.measure_seconds:.0f}s"
     path = profile_path(prof.machine.fingerprint(), prof.pair, prof.backend)
-    out.print(f"[dim]{how}, {prof.created} · {path}{' · --refresh measures again' if reused else ''}[/]")
+    say(out, f"{how}, {prof.created} · {path}{' · --refresh measures again' if reused else ''}", "dim")
     return prof
 
 

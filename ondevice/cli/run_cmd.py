@@ -9,8 +9,10 @@ import typer
 
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import Decoding, err, keeping_drafter, load_pipeline, stats_line
+from ondevice.cli.literal import say
 from ondevice.engine import Stats
 from ondevice.loading import Answers, LoadOptions
+from ondevice.prompt.text import check_text
 
 
 @opt.load_options
@@ -24,10 +26,11 @@ def generate(
     load: LoadOptions,
 ) -> None:
     """Generate one answer for PROMPT and exit."""
+    check_text(prompt, "the prompt")  # before the models load
     sampling, spec, think, max_tokens = decoding.sampling, decoding.spec(load.draft), decoding.think, decoding.max_tokens
     pipe = load_pipeline(keeping_drafter(load, [spec]), Answers((prompt,), max_tokens))  # a streaming target's context is sized to them
     if think is not None and not pipe.tokenizer.can_switch_thinking:
-        err.print(f"[dim]{pipe.pair.target.name}'s chat template has no thinking switch: --{'' if think else 'no-'}think changes nothing[/]")
+        say(err, f"{pipe.pair.target.name}'s chat template has no thinking switch: --{'' if think else 'no-'}think changes nothing", "dim")
     ids = pipe.encode_prompt(prompt) if raw else pipe.encode_chat([{"role": "user", "content": prompt}], think=think)
     text, token_ids, stats = [], [], None
     for rec in pipe.stream_tokens(ids, max_tokens=max_tokens, sampling=sampling, spec=spec):
@@ -41,12 +44,12 @@ def generate(
         print(json.dumps(result_json(pipe, ids, "".join(text), token_ids, stats)))
     else:
         print()
-        err.print(f"[dim]{stats_line(stats, pipe)}[/]")
+        say(err, stats_line(stats, pipe), "dim")
         if getattr(pipe.engine.target, "streamer", None) is not None:
-            err.print(f"[dim]{pipe.engine.target.placement_summary()}[/]")
+            say(err, pipe.engine.target.placement_summary(), "dim")
         elif pipe.memory is not None and pipe.memory.streams:
             read = f", {stats.bytes_read_per_pass / 1e9:.2f} GB read per pass" if stats.bytes_read_per_pass is not None else ""
-            err.print(f"[dim]{pipe.memory.describe()}{read}, peak RSS {pipe.peak_rss() / 1e9:.2f} GB[/]")
+            say(err, f"{pipe.memory.describe()}{read}, peak RSS {pipe.peak_rss() / 1e9:.2f} GB", "dim")
 
 
 def result_json(pipe, prompt_ids, text, token_ids, stats: Stats) -> dict:

@@ -6,9 +6,11 @@ import ipaddress
 from typing import Optional
 
 import typer
+from rich.text import Text
 
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import err, keeping_drafter, load_pipeline, make_spec
+from ondevice.cli.literal import literal, say
 from ondevice.errors import OndeviceError
 from ondevice.loading import LoadOptions
 from ondevice.sizes import parse_size
@@ -49,13 +51,14 @@ def serve(
     if max_body <= 0:
         raise OndeviceError(f"--max-request-size must be more than 0 bytes (got {max_request_size!r}).")
     if not is_loopback(host) and not api_key:
-        err.print(f"[yellow]warning:[/] listening on {host} without --api-key: anyone who can reach this machine can use the model.", soft_wrap=True)
+        err.print(Text.assemble(("warning:", "yellow"), " ", literal(f"listening on {host} without --api-key: anyone who can reach this "
+                                                                     "machine can use the model.")), soft_wrap=True)
     sock = bind(host, port)
     pipe = load_pipeline(keeping_drafter(load, [spec]))
     try:
         if spec is not None and spec.builder == "auto":
             pipe.resolve(spec, sampling)  # profile this machine now (once), not during the first request
-        err.print(f"serving {pipe.pair.name} at http://{host}:{port}/v1 (use it as an OpenAI base_url) · Ctrl-C stops", soft_wrap=True)
+        say(err, f"serving {pipe.pair.name} at http://{host}:{port}/v1 (use it as an OpenAI base_url) · Ctrl-C stops")
         counts = run_server(ServeConfig(pipe, spec, Defaults(max_tokens, temperature, top_p, top_k, seed), api_key, max_body), sock,
                             read_seconds=read_timeout)
     finally:

@@ -18,6 +18,7 @@ from rich.table import Table
 from ondevice.catalog.pairs import list_pairs
 from ondevice.cli.decoding import console, err
 from ondevice.cli.forecast_view import forecast_record
+from ondevice.cli.literal import say
 from ondevice.errors import OndeviceError
 from ondevice.loading import LoadOptions
 from ondevice.sizes import format_bytes
@@ -83,7 +84,7 @@ def forecast_lines(f: Forecast) -> list[str]:
 
 def _compare(model: SyntheticModel, load: LoadOptions, ns, as_json: bool) -> dict:
     if not as_json:
-        err.print(f"measuring the real {model.real_file.name} and its twin, alternating")
+        say(err, f"measuring the real {model.real_file.name} and its twin, alternating")
     real, twin = compare_with_real(model, load, ns, show=not as_json)
     ratios = [t / r for t, r in zip(twin.seconds, real.seconds)]
     return {"real_file": str(model.real_file), "ns": list(real.ns), "real_seconds": list(real.seconds),

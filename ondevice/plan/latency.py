@@ -31,7 +31,7 @@ def worth_timing(timing: Timing, n: int) -> bool:
 
 def _progress(show: bool) -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=Console(stderr=True), disable=not show, transient=True,
     )
 

@@ -4,8 +4,10 @@ The environment is transformers' (`apply_chat_template`): a sandbox with trim_bl
 the loopcontrols extension, a `tojson` that keeps non-ASCII text, `raise_exception` and
 `strftime_now`. Qwen3's template reads `enable_thinking` (`think=False` adds an empty think block so
 the model answers at once); templates that do not read it ignore it. A template that fails to render
-is one OndeviceError line, never a traceback. Tokenizers render in a child process under a time,
-memory and output budget (template_process.py): a template comes from the model file, from anyone.
+is one OndeviceError line of at most MAX_MESSAGE_CHARS of the template's own words, never a
+traceback, whatever it raised (an unknown codec is a LookupError). Tokenizers render in a child
+process under a time, memory and output budget (template_process.py): a template comes from the
+model file, from anyone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import jinja2.sandbox
 from ondevice.errors import OndeviceError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+MAX_MESSAGE_CHARS = 300  # of what a template says when it fails (raise_exception('E' * 10**7) printed 10 MB)
 
 
 class TemplateFailed(OndeviceError):
@@ -59,10 +62,17 @@ def render(
             messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token, **options
         )
     except TemplateFailed as err:
-        raise OndeviceError(f"the chat template of {model} refused the conversation: {err}") from None
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError, ArithmeticError) as err:
+        raise OndeviceError(f"the chat template of {model} refused the conversation: {_bounded(str(err))}") from None
+    except (TimeoutError, MemoryError):  # the worker's budgets (template_process.py) say these
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever a template makes Python raise is the template's failure
         where = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
+        first = str(err).splitlines()[0] if str(err).strip() else ""
         raise OndeviceError(
-            f"the chat template of {model} failed to render{where}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "
+            f"the chat template of {model} failed to render{where}: {type(err).__name__}: {_bounded(first)}; "
             "use `ondevice generate --raw` to send a prompt without it"
         ) from None
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE_CHARS else f"{text[:MAX_MESSAGE_CHARS]}… ({len(text) - MAX_MESSAGE_CHARS:,} more characters)"

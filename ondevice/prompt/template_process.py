@@ -15,7 +15,10 @@ killed whatever it runs, and the kernel bounds its memory (RLIMIT_AS). So one wo
 round trip (~1 ms for a chat). Past `TEMPLATE_SECONDS` the worker is killed and the next render
 starts a fresh one; the worker also stops itself with an alarm, so one whose parent died cannot
 spin on. Memory past `WORKER_MEMORY_BYTES` is a MemoryError in the worker, an output longer than
-`MAX_OUTPUT_CHARS` is refused there: each is one OndeviceError line here.
+`MAX_OUTPUT_CHARS` is refused there, a prompt that is not text (a lone surrogate) is refused here:
+each is one OndeviceError line. Whatever else a template raises is its own error line (the worker
+never dies of it); a worker that does die (killed from outside) is said to have died, not to have
+run out of time.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from ondevice.errors import OndeviceError
 from ondevice.prompt.chat_template import render as render_here
+from ondevice.prompt.text import check_text
 
 TEMPLATE_SECONDS = 5.0  # a real template renders a long conversation in milliseconds
 STARTUP_SECONDS = 120.0  # a worker starting (Python, jinja2: ~0.1 s) where the page cache thrashes (a model
@@ -48,6 +53,7 @@ class TemplateProcess:
 
     def render(self, request: dict, model: str) -> str:
         with self._lock:
+            started = time.monotonic()
             line = self._ask(json.dumps(request))
             if line == "":  # the worker had died (killed from outside): once more with a fresh one
                 line = self._ask(json.dumps(request))
@@ -55,12 +61,16 @@ class TemplateProcess:
                 self.close_locked()
                 if self._stopped:
                     raise OndeviceError("the chat template was not rendered: ondevice is shutting down")
+                if line == "":
+                    raise OndeviceError(f"the chat template of {model} was not rendered: its worker process died after "
+                                        f"{time.monotonic() - started:.1f} s; use `ondevice generate --raw` to send a prompt without it")
                 raise OndeviceError(f"the chat template of {model} did not render within {TEMPLATE_SECONDS:.0f} s "
                                     "(a runaway loop?); use `ondevice generate --raw` to send a prompt without it")
         answer = json.loads(line)
         if "error" in answer:
             raise OndeviceError(answer["error"])
-        return answer["text"]
+        return check_text(answer["text"], f"the prompt the chat template of {model} wrote",
+                          "use `ondevice generate --raw` to send a prompt without it")
 
     def _ask(self, request: str) -> str | None:
         """The worker's answer line; "" if it is dead, None if it gave none in time."""
@@ -173,6 +183,8 @@ def _serve() -> None:
         except (TimeoutError, MemoryError) as err:
             what = f"took more than {TEMPLATE_SECONDS:.0f} s" if isinstance(err, TimeoutError) else f"needed more than {WORKER_MEMORY_BYTES >> 20} MiB"
             answer = {"error": f"the chat template of {model} {what} to render (a runaway loop?); use `ondevice generate --raw` to send a prompt without it"}
+        except Exception as err:  # noqa: BLE001 - chat_template.render names every template failure; anything left is said, not fatal
+            answer = {"error": f"the chat template of {model} failed to render ({type(err).__name__}); use `ondevice generate --raw` to send a prompt without it"}
         finally:
             if alarm:
                 signal.setitimer(signal.ITIMER_REAL, 0)

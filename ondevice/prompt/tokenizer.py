@@ -17,6 +17,7 @@ import numpy as np
 
 from ondevice import llama_backend
 from ondevice.prompt import chat_template, template_process
+from ondevice.prompt.text import check_text
 from ondevice.errors import OndeviceError
 
 
@@ -49,7 +50,7 @@ class Tokenizer:
 
     # --- tokens -------------------------------------------------------------------------------
     def encode(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        data = check_text(text, "the text to tokenize").encode("utf-8")
         cap = len(data) + 16
         buf = (llama_cpp.llama_token * cap)()
         n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
