@@ -2,7 +2,7 @@
 
 Each mutant is (label, method, path, body bytes, headers). Field values are replaced by values of
 every other JSON type and by hostile ones (huge, negative, NaN, deep nesting, long strings, invalid
-UTF-8); bodies are truncated or have bytes flipped; some go to other paths or methods.
+UTF-8, lone surrogates, integers past Python's 4,300 digits, subnormal floats); bodies are truncated or have bytes flipped; some go to other paths or methods.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ HOSTILE = [None, True, False, 0, -1, 1, 2**31, 2**63, -(2**63), 2**64 + 1, 10**3
            "\ud800", "\x00", [], [True], [1, -1], [[1]], [None], {}, {"a": 1}, {"role": "user"},
            [{"role": "user", "content": [{"type": "text", "text": 5}]}], [{"role": "wizard", "content": "x"}],
            [{"role": "user", "content": {"nested": True}}], [{"role": "user", "content": None}], ["stop"] * 9]  # fmt: skip
-RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", "[" * 5000 + "]" * 5000, '"\\ud800"']
+RAW_VALUES = ["NaN", "Infinity", "-Infinity", "1e999", "[" * 5000 + "]" * 5000, '"\\ud800"', "9" * 5000, "1e-320", "5e-324",
+              '[{"role": "user", "content": "\\udfff"}]', '["a\\ud800"]']  # fmt: skip
 
 
 def mutants(seed: int, n: int):

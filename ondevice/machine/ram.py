@@ -197,6 +197,12 @@ def return_freed_memory() -> None:
     its arenas: after a drafter was loaded, timed and freed, 200 MB of it still counted as this
     process's), so a memory plan made next sees what the process really holds."""
     gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """glibc's free memory at the top of each arena handed back to the OS (no garbage collection first:
+    cheap enough for a server after each large request; ctypes lets other threads run meanwhile)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc

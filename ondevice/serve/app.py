@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import os
 import threading
@@ -22,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ondevice.errors import OndeviceError
+from ondevice.machine.ram import trim_heap, unmap_large_frees
 from ondevice.pipeline import Pipeline
 from ondevice.prompt import template_process
 from ondevice.protocols import DraftSpec
@@ -52,6 +54,7 @@ class Api:
         self.pipe = config.pipe
         self.queue = GenerationQueue(lambda job: run_job(self.pipe, job))
         self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ondevice-prompt", initializer=_yield_to_the_loop)
+        self._hand_back_queued = threading.Event()
 
     def close(self) -> None:
         """Shutdown: prompts not started yet are dropped; a template render in progress is stopped."""
@@ -85,8 +88,15 @@ class Api:
     async def _off_loop(self, prepare, body: bytes):
         """prepare(body) in the prompt thread: parsing 4 MiB of JSON, a chat template (its own process,
         up to seconds) and tokenizing a long prompt (1.8 s for 3.9 MB) must not stop the event loop,
-        which answers /health and every other client meanwhile. One thread: prompts wait their turn."""
-        return await asyncio.get_running_loop().run_in_executor(self._prompts, prepare, body)
+        which answers /health and every other client meanwhile. One thread: prompts wait their turn.
+        After a large body, once its request is done with, the memory it took goes back to the OS
+        (`_hand_back`): a burst of 4 MiB requests left the server hundreds of MB larger."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._prompts, prepare, body)
+        finally:
+            if len(body) >= LARGE_BODY_BYTES and not self._hand_back_queued.is_set():
+                self._hand_back_queued.set()
+                self._prompts.submit(_hand_back, self._hand_back_queued)
 
     def _chat_prompt(self, body: bytes) -> tuple[ChatRequest, list[int]]:
         req = self._parse(ChatRequest, body)
@@ -99,7 +109,12 @@ class Api:
     def _completion_prompt(self, body: bytes) -> tuple[CompletionRequest, list[int]]:
         req = self._parse(CompletionRequest, body)
         prompt = req.single_prompt()
-        return req, self.pipe.encode_prompt(prompt) if isinstance(prompt, str) else self._checked_ids(prompt)
+        if not isinstance(prompt, str):
+            return req, self._checked_ids(prompt)
+        try:
+            return req, self.pipe.encode_prompt(prompt)
+        except OndeviceError as err:  # text the tokenizer cannot take
+            raise ApiError(400, str(err), param="prompt") from None
 
     # --- checks -----------------------------------------------------------------------------
     def _parse(self, kind: type[GenerationRequest], body: bytes) -> GenerationRequest:
@@ -184,6 +199,19 @@ class EventStream(StreamingResponse):
             self.on_close()
 
 
+LARGE_BODY_BYTES = 256 << 10
+
+
+def _hand_back(queued: threading.Event) -> None:
+    """In the prompt thread, after the large requests before it: their garbage collected (what a
+    request leaves in cycles: an exception and its frames, holding the parsed body; milliseconds,
+    since `create_app` froze what loading made) and glibc's free heap returned to the OS. Request
+    bodies and other blocks over 128 KiB go back when freed: `create_app` keeps glibc unmapping them."""
+    queued.clear()
+    gc.collect()
+    trim_heap()
+
+
 def _yield_to_the_loop() -> None:
     """The prompt thread runs 5 nice levels below the event loop (Linux sets nice per thread), so
     that on a busy CPU the loop still answers at once."""
@@ -222,6 +250,9 @@ async def _disconnected(request: Request) -> None:
 
 
 def create_app(config: ServeConfig) -> Starlette:
+    unmap_large_frees()  # request bodies and the prompts made of them are unmapped when freed, not kept in the heap
+    gc.collect()
+    gc.freeze()  # what loading made lives as long as the server: later collections (_hand_back) look only at requests' objects
     api = Api(config)
     routes = [
         Route("/health", api.health, methods=["GET"]),

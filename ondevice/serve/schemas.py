@@ -1,7 +1,9 @@
 """The requests, as OpenAI's API spells them, checked into what the pipeline needs.
 
 Unknown fields are ignored (clients send many: `user`, `store`, `metadata`…); known ones must have
-their JSON type (`"max_tokens": "5"` or `true` is a 400, not 5 or 1). Fields that would change
+their JSON type (`"max_tokens": "5"` or `true` is a 400, not 5 or 1). A body JSON parses but that is
+no text is a 400 too: a string anywhere in it holding a lone surrogate (`"\ud800"`), an integer of
+more than 4,300 digits (Python's limit on turning digits into an int). Fields that would change
 the answer in a way ondevice cannot honour (`n` > 1, penalties, logprobs, tools, JSON mode) are refused
 with a 400 rather than silently ignored. Fields a request leaves out take the server's defaults
 (`ondevice serve --temperature … --max-tokens …`).
@@ -11,18 +13,19 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ondevice.errors import OndeviceError
 from ondevice.serve.errors import ApiError
-from ondevice.verify import Sampling
+from ondevice.verify import MAX_SEED, BadSampling, Sampling
 
 MAX_STOPS = 4  # as OpenAI
 MAX_STOP_CHARS = 1024  # one stop sequence (StopMatcher's work grows with its length)
-MAX_SEED = 2**63 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads pairs a valid \ud83d\ude00; one left alone is not text
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 # Types as JSON has them: "5" or true is not a number, [true] is not a list of token ids (pydantic's
 # default would convert them); a JSON integer is still a number where a float is expected.
 STRICT = ConfigDict(extra="ignore", strict=True)
@@ -93,15 +96,15 @@ class GenerationRequest(BaseModel):
     def sampling(self, defaults: Defaults) -> Sampling:
         temperature = _or(self.temperature, defaults.temperature)
         if not 0 <= temperature <= 2:
-            raise ApiError(400, f"temperature must be between 0 and 2 (got {temperature}).", param="temperature")
+            raise ApiError(400, f"temperature must be between 0 and 2 (got {temperature:.6g}).", param="temperature")
         seed = _or(self.seed, defaults.seed)
         if seed is not None and not 0 <= seed <= MAX_SEED:
-            raise ApiError(400, f"seed must be between 0 and {MAX_SEED} (got {seed}); leave it out for a fresh one.", param="seed")
+            raise ApiError(400, f"seed must be between 0 and {MAX_SEED}; leave it out for a fresh one.", param="seed")
         try:
             return Sampling(temperature, _or(self.top_p, defaults.top_p), _or(self.top_k, defaults.top_k),
                             random.randrange(2**31) if seed is None else seed)
-        except OndeviceError as err:
-            raise ApiError(400, str(err), param="top_p" if "top-p" in str(err) else "top_k") from None
+        except BadSampling as err:
+            raise ApiError(400, str(err), param=err.param) from None
 
     def max_new_tokens(self, defaults: Defaults, n_ctx: int) -> int:
         value = _or(self.requested_max_tokens(), defaults.max_tokens)
@@ -190,8 +193,15 @@ def parse(kind: type[GenerationRequest], body: bytes) -> GenerationRequest:
         raise ApiError(400, f"the request body is not valid JSON ({err}).") from None
     except RecursionError:
         raise ApiError(400, "the request body nests arrays or objects too deeply.") from None
+    except ValueError:  # int("9" * 5000): past sys.get_int_max_str_digits()
+        raise ApiError(400, "a number in the request body has more digits than any field takes (4,300 at most).") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object.")
+    found = _lone_surrogate(body, data)
+    if found is not None:
+        where, field = found
+        raise ApiError(400, f"{where[:80]} holds a lone surrogate (a \\uD800-\\uDFFF escape without its pair), which is not text; "
+                            "send valid Unicode.", param=field[:80] if field else None)
     try:
         request = kind.model_validate(data)
     except RecursionError:
@@ -202,3 +212,28 @@ def parse(kind: type[GenerationRequest], body: bytes) -> GenerationRequest:
         raise ApiError(400, f"{where}: {first['msg']}.", param=str(first["loc"][0]) if first["loc"] else None) from None
     return request
 
+
+
+def _lone_surrogate(body: bytes, data: dict) -> tuple[str, str | None] | None:
+    """(where, the field) if a string or a key in the parsed body holds a lone surrogate, e.g. ("messages",
+    "messages"); None if none does. Only a `\\uD800`-`\\uDFFF` escape makes one (raw UTF-8 cannot), so a
+    body without such an escape is not walked; one with it is walked without recursion (it may nest as
+    deep as json.loads allowed)."""
+    if not _SURROGATE_ESCAPE.search(body):
+        return None
+    for key, value in data.items():
+        if _SURROGATE.search(key):
+            return "a key of the body", None
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                if _SURROGATE.search(item):
+                    return key, key
+            elif isinstance(item, dict):
+                if any(_SURROGATE.search(k) for k in item):
+                    return f"a key in {key}", key
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+    return None
