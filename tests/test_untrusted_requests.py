@@ -197,8 +197,8 @@ def test_memory_returns_after_a_burst_of_large_requests(hostile_server):
     """24 requests of 2 MB (a prompt of 700,000 token ids, refused: longer than the context), 8 at a
     time: the server grows while it parses them, and hands it all back after (each request's garbage
     collected, the heap trimmed, large blocks unmapped): RSS ends within 4 MiB of where it started.
-    (Without that it stayed 5-8 MiB up after this burst; a probe of 600 hostile requests left a
-    server 111 MiB larger.)"""
+    (Without that it stayed 5-8 MiB up after this burst, and 600 hostile requests of every kind left
+    a server 111 MiB larger.)"""
     server = hostile_server
     process = psutil.Process(server.proc.pid)
     for _ in range(3):
