@@ -8,7 +8,8 @@ epsilon (negative, NaN, infinite, subnormal, of another type), and the alignment
 packed at (1..256 bytes, with the data section moved by padding keys). A SentencePiece
 variant of the vocabulary (`<0x00>`…`<0xFF>` byte tokens) lets `llama` vocabularies load too.
 
-`read_gguf` / `write_gguf` parse and write the whole file on their own (not with ondevice's reader,
+`TEXT` holds every byte UTF-8 text can hold, for the child to tokenize (a SentencePiece vocabulary
+without a byte token aborted there). `read_gguf` / `write_gguf` parse and write the whole file on their own (not with ondevice's reader,
 which is what the tests check, nor with gguf-py, which would not write some of these files).
 """
 
@@ -25,7 +26,7 @@ TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_BYTE = 1, 3, 6
 TOKENIZER_MODELS = ["llama", "bert", "rwkv", "t5", "plamo2", "no_vocab", "none", "gpt2", "", "LLAMA", "gpt-2", "spm", "bpe\0x"]
 # Text holding every byte UTF-8 text can hold (0..0x7f, the continuation bytes, every leading byte),
 # so a tokenizer that falls back to byte tokens is asked for each of them.
-TEXT = "hello world\n" + "".join(map(chr, [*range(0, 0x800), 0x800, *range(0x1000, 0x10000, 0x1000), 0x10000, 0x40000, 0x80000,
+TEXT = "hello world\n" + "".join(map(chr, [*range(0x800), 0x800, *range(0x1000, 0x10000, 0x1000), 0x10000, 0x40000, 0x80000,
                                             0xC0000, 0x100000]))
 EPSILONS = [-1.0, -0.0, 0.0, math.nan, -math.nan, math.inf, -math.inf, 1e-45, 1e-38, 1e-6, 1.0, 1e30, -1e-6, 3.4e38]
 

@@ -68,7 +68,7 @@ def test_error_text_is_printed_as_it_is(tmp_path, name):
     """Rich markup in an error (here a model name echoed back) crashed the error printer ([/x]: a
     MarkupError traceback) or was eaten ([bold]); a control character would drive the terminal."""
     result = ondevice("generate", "hi", "-m", name, env=empty_home(tmp_path))
-    assert_one_line_error(result, f"unknown model pair {name!r}")
+    assert_one_line_error(result, f"is named {name!r}")
     assert "\x1b" not in result.stderr
 
 

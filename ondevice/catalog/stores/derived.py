@@ -17,7 +17,7 @@ def derived_path(model: str | Path, name: str) -> Path:
     if not in_store(model):
         return model.with_name(name)
     key = hashlib.sha256(str(model.absolute()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return paths.home() / "stores" / "derived" / key / name
+    return paths.inside(paths.home() / "stores" / "derived", f"{key}/{name}", f"a file made from {model}")
 
 
 def in_store(path: Path) -> bool:

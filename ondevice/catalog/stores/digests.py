@@ -24,7 +24,7 @@ from ondevice.sizes import format_bytes
 
 
 def record_path(digest: str) -> Path:
-    return paths.home() / "stores" / "verified" / f"{digest}.json"
+    return paths.state_file("stores/verified", f"{digest}.json")  # a digest from a store's file names: checked to stay there
 
 
 def is_checked(path: Path, digest: str) -> bool:
