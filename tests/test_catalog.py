@@ -259,6 +259,18 @@ def test_download_target_refuses_a_local_file(populated_home):
     assert snapshot(populated_home) == before
 
 
+def test_download_target_takes_references_and_pair_names(user_catalog):
+    from ondevice.cli.download_cmd import _named_model
+
+    (user_catalog / "mine.toml").write_text(pair_toml("mine"))
+    assert _named_model("--target", "mine", "target") == load_pair("mine").target
+    assert _named_model("--drafter", "mine", "drafter") == load_pair("mine").drafter
+    assert _named_model("--target", "hf:owner/repo:Q4_K_M", "target") == "hf:owner/repo:Q4_K_M"
+    for value in ("hf:owner/../x.gguf", "mine.gguf", str(user_catalog / "mine.toml")):
+        with pytest.raises(OndeviceError):
+            _named_model("--target", value, "target")
+
+
 def test_models_lists_a_stray_part_and_a_split_of_zero_parts(populated_home):
     """One stray first part (its other parts missing) made `ondevice models` fail as a whole."""
     (populated_home / "models" / "x-00001-of-00003.gguf").write_bytes(b"GGUF")
