@@ -32,7 +32,7 @@ from ondevice.catalog.stores import scan_all
 from ondevice.catalog.stores.derived import derived_path
 from ondevice.catalog.stores.resolve import local_model
 from ondevice.errors import OndeviceError
-from ondevice.vocabtrim.names import trimmed_paths
+from ondevice.catalog.stores.derived import trimmed_paths
 
 GENERATE = ["generate", "the cat sat", "--threads", "1", "--ctx", "256", "-n", "12", "--json"]
 GO_TEMPLATE = "[INST] {{ if .System }}{{ .System }} {{ end }}{{ .Prompt }} [/INST]"

@@ -48,7 +48,7 @@ from ondevice.catalog import hf_source, pypi_parts, verified
 from ondevice.catalog.models_folder import check_free_space, check_writable, download_lock
 from ondevice.catalog.pairs import ModelFile, ModelPair, Part
 from ondevice.errors import OndeviceError
-from ondevice.vocabtrim.names import trimmed_paths
+from ondevice.catalog.stores.derived import trimmed_paths
 
 CHUNK_BYTES = 4 << 20
 

@@ -31,7 +31,7 @@ from ondevice.paths import MAX_STATE_BYTES, read_regular_file, write_json
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.reference import greedy_reference
 from ondevice.target.llama_target import LlamaTarget
-from ondevice.vocabtrim.names import trimmed_paths
+from ondevice.catalog.stores.derived import trimmed_paths
 
 TRIMMED_TENSORS = ("token_embd.weight", "output.weight")  # rows = vocabulary
 TOKENS_KEY = "tokenizer.ggml.tokens"

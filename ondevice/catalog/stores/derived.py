@@ -1,6 +1,9 @@
-"""Where a file made from a model goes (a trimmed-vocabulary drafter, an ONNX export): beside the
-model, unless the model lies in another program's store, which is never written; then under
-`<home>/stores/derived/<key>/`, the key a hash of the model's path."""
+"""Where a file made from a model goes (a trimmed-vocabulary drafter and its record, an ONNX export):
+beside the model, unless the model lies in another program's store, which is never written; then
+under `<home>/stores/derived/<key>/`, the key a hash of the model's path.
+
+Here rather than in vocabtrim/ so that code that only lists or deletes model files (the
+downloader) imports no llama.cpp: the GPU machine has none."""
 
 from __future__ import annotations
 
@@ -9,6 +12,16 @@ from pathlib import Path
 
 from ondevice import paths
 from ondevice.catalog import stores
+
+
+TRIMMED_SUFFIX = ".vocab-trim.gguf"
+RECORD_SUFFIX = ".vocab-trim.json"
+
+
+def trimmed_paths(drafter: Path) -> tuple[Path, Path]:
+    """A drafter's trimmed GGUF (vocabtrim/build.py writes it) and its record: where they go."""
+    stem = drafter.name.removesuffix(".gguf")
+    return derived_path(drafter, stem + TRIMMED_SUFFIX), derived_path(drafter, stem + RECORD_SUFFIX)
 
 
 def derived_path(model: str | Path, name: str) -> Path:
