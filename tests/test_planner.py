@@ -99,6 +99,19 @@ def test_flat_offloaded_target_gets_a_big_tree(overlap):
     assert plan.predicted_speedup > 4 and plan.fallback_reason is None and plan.overlap == overlap
 
 
+# the default pair under 0.9 GB on a 2-core AVX-512 EPYC, its LM head kept (the streaming profile's passes)
+STREAMED_CPU_TARGET = curve({1: 0.418, 2: 0.422, 4: 0.431, 8: 0.456, 9: 0.456, 16: 0.456, 17: 0.483, 32: 0.487})
+TRIMMED_CPU_DRAFTER = curve({1: 0.017, 2: 0.031, 4: 0.039, 8: 0.069, 16: 0.12, 32: 0.23})  # its trimmed 0.5B drafter, 2 threads
+
+
+def test_a_disk_bound_cpu_target_gets_a_tree_of_at_least_8_nodes():
+    """Where a streamed pass costs about the same for 1 or 16 nodes, small trees waste the pass (on
+    a CPU in RAM the same pair gets 8 nodes or fewer: the test below)."""
+    plan = choose_plan(Curves(STREAMED_CPU_TARGET, TRIMMED_CPU_DRAFTER), default_p_rank(), overlap_possible=False)
+    assert plan.builder == "best-first" and plan.budget + 1 >= 8
+    assert plan.predicted_tokens_per_pass > 4 and plan.predicted_speedup > 3
+
+
 def test_steep_cpu_target_gets_a_small_tree_or_none():
     plan = choose_plan(Curves(LLAMA_CPU_TARGET, LLAMA_CPU_DRAFTER), default_p_rank(), overlap_possible=False)
     assert plan.budget <= 8
