@@ -69,3 +69,15 @@ def test_the_rows_run_in_a_process_of_their_own_from_the_command_line(tmp_path, 
     reference = [t for item in engine.generate(ids, 12) if isinstance(item, Step) for t in item.tokens]
     assert row["outputs"] == [reference] and row["config"] == "llama-cpp-python, target alone"
     assert row["tokens"] == len(reference) - 1 and row["peak_rss_bytes"] > 0
+
+
+def test_the_amx_guard_reaches_the_params_llama_loads_with(pair, monkeypatch):
+    """On an AMX CPU the baseline's Llama must load without llama.cpp's extra buffer types (their
+    repacked weights crash there, and copy the whole model into anonymous memory): the guard must
+    patch the function Llama.__init__ actually calls."""
+    monkeypatch.setattr(llamacpp_rows, "cpu_has_amx", lambda: True)
+    llm = llamacpp_rows.load_llama(pair.target, 64, 1)
+    try:
+        assert llm.model_params.use_extra_bufts is False
+    finally:
+        llm.close()

@@ -60,18 +60,19 @@ def _crash_guard():
     if not cpu_has_amx():
         yield
         return
-    original = llama_cpp.llama_model_default_params
+    bindings = llama_cpp.llama_cpp  # the module whose global Llama.__init__ looks the function up in
+    original = bindings.llama_model_default_params
 
     def guarded():
         params = original()
         params.use_extra_bufts = False
         return params
 
-    llama_cpp.llama_model_default_params = guarded
+    bindings.llama_model_default_params = guarded
     try:
         yield
     finally:
-        llama_cpp.llama_model_default_params = original
+        bindings.llama_model_default_params = original
 
 
 def load_llama(target_path, n_ctx: int, threads: int, draft_model: LlamaDraftModel | None = None) -> llama_cpp.Llama:
