@@ -28,6 +28,7 @@ class BenchResult:
     disk_read_bytes: int | None = None  # read from storage while decoding (None: not known)
     peak_rss_bytes: int | None = None  # this process's peak resident memory when the row ended
     same_as_target: int | None = None  # answers token-for-token equal to the target-alone row's
+    differing: list[dict] = field(default_factory=list)  # the others: prompt index, answer, the target alone's (eval/tie_check.py)
     round_tokens_per_second: list[float] = field(default_factory=list)  # every round's tok/s (bench --rounds)
 
     @property
@@ -70,6 +71,14 @@ def count_same(outputs: list[list[int]], reference: list[list[int]] | None) -> i
     if reference is None:
         return None
     return sum(a == b for a, b in zip(outputs, reference))
+
+
+def differing_answers(outputs: list[list[int]], reference: list[list[int]] | None) -> list[dict]:
+    """The answers that differ from the reference, with it: what `eval/tie_check.py` checks under
+    the near-tie rule (a batched pass may flip an argmax whose top-2 margin is within the batch noise)."""
+    if reference is None:
+        return []
+    return [{"prompt": i, "answer": a, "reference": b} for i, (a, b) in enumerate(zip(outputs, reference)) if a != b]
 
 
 def keep_fastest(best: dict[str, BenchResult], result: BenchResult) -> BenchResult:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ondevice.bench import llamacpp_rows
 from ondevice.bench.measured import record_bench
-from ondevice.bench.runner import BenchResult, best_of_sweep, config_name, count_same, forget_session, keep_fastest, run_config
+from ondevice.bench.runner import BenchResult, best_of_sweep, config_name, count_same, differing_answers, forget_session, keep_fastest, run_config
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import console, err, keeping_drafter, load_pipeline, make_spec, rounds_text
 from ondevice.cli.literal import say
@@ -139,6 +139,7 @@ def finish_row(result: BenchResult, outputs, reference, as_json: bool, peak: int
     answers equal the target alone's, one log line."""
     result.peak_rss_bytes = peak_rss() if peak is None else peak
     result.same_as_target = count_same(outputs, reference) if outputs is not None else None
+    result.differing = differing_answers(outputs, reference) if outputs is not None else []
     report_line(result, as_json)
 
 
