@@ -3,7 +3,7 @@
 Synthetic arms with known true speeds, whose predictions are wrong by 2x in either direction: the
 loop must switch to the truly fastest arm within a stated number of rounds and keep the audits'
 cost within EXPLORE_SHARE. Then the whole planner with a profile poisoned as one busy minute
-poisoned a real one (README, "How it decides"): it must end up on the target alone within one
+poisoned a real one (docs/design/how-it-decides.md): it must end up on the target alone within one
 answer of ~100 tokens.
 """
 
