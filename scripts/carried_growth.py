@@ -1,4 +1,4 @@
-"""What growing the carried best-first search saves the next round (README, "Larger than memory").
+"""What growing the carried best-first search saves the next round (docs/measurements/2026-11-27-streaming-1.2gb.md).
 
 Drafting in a streamed pass's disk waits can only grow the search of the tree being verified: the
 verdict is not known yet. This grows it by N nodes before every target pass (the real pair, in RAM,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command (README, "GPU"): the CUDA tests, pinned host<->device bandwidth, the
+# The GPU check in one command (docs/design/gpu-offload.md): the CUDA tests, pinned host<->device bandwidth, the
 # synthetic 32B- and 70B-class torch targets streamed from pinned RAM to the GPU under --gpu-memory,
 # and the predicted tok/s of each pair; one JSON (--out, default gpu.json), within 8 minutes.
 #

@@ -1,4 +1,4 @@
-"""Streamed passes of the synthetic Qwen2.5-32B under a 24 GB budget on a CUDA GPU (README, "GPU"):
+"""Streamed passes of the synthetic Qwen2.5-32B under a 24 GB budget on a CUDA GPU (docs/measurements/2026-11-27-gpu-h100.md):
 
 1. device layers decoded at load, streamed layers dequantized by the Triton kernels and by the torch
    path, side by side in one process (ONDEVICE_DEQUANT=torch forces the torch path), and one

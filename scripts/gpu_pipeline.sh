@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole pipeline on a GPU at real shapes (README, "GPU"), then Hugging Face Accelerate's offload of
+# The whole pipeline on a GPU at real shapes (docs/measurements/2026-11-28-gpu-h200.md), then Hugging Face Accelerate's offload of
 # the same target shape as the baseline: one JSON each in OUTDIR (default gpu-pipeline/).
 #
 #   scripts/gpu_pipeline.sh [OUTDIR]

@@ -1,5 +1,5 @@
-"""What a llama.cpp target pass costs at every size 1 … N, not only at the profile's sizes (README,
-"Sized free rounds"): the median of a few passes of n fresh tokens over a 64-token context, the
+"""What a llama.cpp target pass costs at every size 1 … N, not only at the profile's sizes (docs/measurements/
+2026-11-27-sized-free-rounds.md): the median of a few passes of n fresh tokens over a 64-token context, the
 target in RAM, with llama.cpp's weight repacking on and off.
 
     python scripts/pass_sizes.py --sizes 1-17,20,24,32

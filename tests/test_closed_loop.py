@@ -3,7 +3,7 @@
 Synthetic arms with known true speeds, whose predictions are wrong by 2x in either direction: the
 loop must switch to the truly fastest arm within a stated number of rounds and keep the audits'
 cost within EXPLORE_SHARE. Then the whole planner with a profile poisoned as one busy minute
-poisoned a real one (README, "How it decides"): it must end up on the target alone within one
+poisoned a real one (docs/design/how-it-decides.md): it must end up on the target alone within one
 answer of ~100 tokens.
 """
 
@@ -63,7 +63,7 @@ SETTLE_ROUNDS = 60
 
 def test_an_incumbent_predicted_twice_too_fast_is_dropped():
     """A tree predicted at 2x its true speed leads at first; the target alone, predicted 2x too
-    slow, is audited and takes over (the busy-profile story of the planner issue)."""
+    slow, is audited and takes over (a profile measured on a busy minute)."""
     arms = {"target": TrueArm(0.030, 1), "best-first@15": TrueArm(0.055, 3)}
     book, played, _, _ = simulate(arms, {"target": 0.060, "best-first@15": 0.0275}, 200)
     assert played[0] == "best-first@15"
@@ -113,7 +113,7 @@ def test_the_book_persists_at_half_weight(tmp_path, monkeypatch):
 # --- the whole planner, a poisoned profile, simulated rounds ----------------------------------------
 QUIET_TARGET = LatencyCurve((1, 2, 3, 4, 5, 8, 9, 16, 17, 32), (0.03, 0.061, 0.086, 0.116, 0.125, 0.233, 0.242, 0.269, 0.333, 0.456))
 DRAFTER = LatencyCurve((1, 2, 4, 8, 16, 32), (0.020, 0.038, 0.050, 0.082, 0.121, 0.207))
-# one busy minute: every 1-4 token pass read 0.17 s (padded), as in the planner issue
+# one busy minute: every 1-4 token pass read 0.17 s (padded)
 POISONED = LatencyCurve(QUIET_TARGET.ns, tuple(max(t, 0.17) for t in QUIET_TARGET.seconds))
 
 

@@ -4,7 +4,7 @@ For each target backend (llama.cpp GGUF, the same file streamed as a target larg
 PyTorch model, ONNX Runtime with the ONNX drafter): 6 held-out prompts × 128 tokens, the target alone
 (`--no-draft`: same engine, root-only trees) against chain and tree drafts.
 Verifying n tokens in one pass runs other kernels than one token at a time, so logits move by a
-small "batch noise" that depends on the CPU (README, "Exactness"): it is measured here, on this
+small "batch noise" that depends on the CPU (docs/design/exactness.md): it is measured here, on this
 machine, for the pass sizes the drafts use (numerics.pass_noise). Where an answer differs from the
 target alone's, every token of it from the first difference on must be the target's own argmax
 after its own prefix, unless the target's top-1/top-2 margin there is below that noise (a near-tie,
