@@ -1,5 +1,5 @@
 """The narrow interfaces the engine knows. Backends live in draft/ and target/, are chosen in
-`ondevice.loading` (one place: `plan_load`) and opened by target/loader.py and draft/loader.py.
+`ondevice.loading` (one place: `loading/choices.plan_load`) and opened by target/loader.py and draft/loader.py.
 
 Data flows one way: tokens → Drafter.draft → DraftTree → Target.forward_tree → logits →
 verify → Target.commit(path) → tokens out.

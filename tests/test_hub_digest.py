@@ -281,7 +281,7 @@ def test_models_says_where_the_target_would_live_by_the_memory_plan(fake_hub, tm
     from tiny_models import write_tiny_gguf
 
     from ondevice.cli.placement_view import model_size, target_place
-    from ondevice.plan.memory import plan_memory
+    from ondevice.loading.memory import plan_memory
     from ondevice.machine.ram import RamBudget
 
     home = tmp_path / "home"

@@ -77,7 +77,8 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
     """Where model drafting does not pay but prompt lookup has proven itself, chat decodes with lookup:
     `ondevice profile` must say so too (not the bare cost model's "target alone")."""
     from ondevice.cli.profile_cmd import show_profile
-    from ondevice.loading import LoadOptions, load_backends
+    from ondevice.loading.choices import load_backends
+    from ondevice.loading.options import LoadOptions
 
     steep = Curves(curve({1: 0.087, 2: 0.129, 4: 0.180, 8: 0.264, 16: 0.275}), curve({1: 0.120, 64: 0.900}))
     monkeypatch.setattr(autoplan, "get_profile", lambda backends, **options: (fake_profile(backends, steep), True))

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
+from ondevice.loading.memory import MARGIN, ModelSize, plan_memory
 from ondevice.machine.ram import RamBudget
 from ondevice.synthetic.quant_mix import preset_size
 from ondevice.synthetic.shapes import PRESETS, ModelShape

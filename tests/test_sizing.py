@@ -16,7 +16,7 @@ from ondevice.draft.sizing import best_size, sized
 from ondevice.engine import SpecEngine, Step
 from ondevice.eval.free_ceiling import ceiling_seconds, sized_seconds
 from ondevice.plan import auto as autoplan
-from ondevice.plan.drafter_room import ALONE_CONTEXT
+from ondevice.loading.drafter_room import ALONE_CONTEXT
 from ondevice.plan.curve import Curves, LatencyCurve
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, follow
 from ondevice.plan.arms import arm_of

@@ -20,7 +20,7 @@ from ondevice.cli.decoding import console, err, keeping_drafter, load_pipeline, 
 from ondevice.cli.literal import say
 from ondevice.cli.profile_cmd import curves_table
 from ondevice.errors import OndeviceError
-from ondevice.loading import Answers, LoadOptions
+from ondevice.loading.options import Answers, LoadOptions
 from ondevice.machine.facts import machine_facts
 from ondevice.machine.ram import peak_rss
 from ondevice.plan.profile import get_profile

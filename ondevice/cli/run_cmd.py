@@ -11,7 +11,7 @@ from ondevice.cli import options as opt
 from ondevice.cli.decoding import Decoding, err, keeping_drafter, load_pipeline, stats_line
 from ondevice.cli.literal import say
 from ondevice.engine import Stats
-from ondevice.loading import Answers, LoadOptions
+from ondevice.loading.options import Answers, LoadOptions
 from ondevice.prompt.text import check_text
 
 

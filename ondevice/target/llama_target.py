@@ -55,7 +55,7 @@ class LlamaTarget:
         kept_layers: Sequence[int] = (),
     ):
         """max_tree_nodes: the biggest tree verified in one pass; the context's logits rows and
-        sequences are sized for it (`ondevice.plan.memory`), prompts are still prefilled n_ubatch
+        sequences are sized for it (`ondevice.loading.memory`), prompts are still prefilled n_ubatch
         tokens per pass. streams: the file is larger than the RAM left for it: keep every weight in
         the mapped file (no repacking into anonymous memory) so the page cache can stream it.
         window > 0 (with streams): steer the page cache layer by layer, prefetching `window` layers

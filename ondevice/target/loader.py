@@ -1,7 +1,7 @@
 """Opening a target: the backend's class, given the context, the threads and (llama.cpp) the memory
 plan's sizes.
 
-`loading.plan_load` chooses the backend and plans the memory; this file only opens what it chose.
+`loading/choices.plan_load` chooses the backend and plans the memory; this file only opens what it chose.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ streamed head is read whole at the end of every pass, so it needs its full size 
 anyway, and it sends every layer through the page cache (target/page_cache.py) rather than the
 direct reads (target/direct_window.py), whose passes compute at about the speed of a target in RAM. The plan also says when the drafter alone is what
 keeps the target out of RAM (where the target streams, `pipeline.drafter_or_layers` weighs the
-drafter against the layers its RAM would keep, plan/drafter_room.py). On a GPU (torch target) the layers'
+drafter against the layers its RAM would keep, loading/drafter_room.py). On a GPU (torch target) the layers'
 tiers come from `ondevice.target.offloaded.plan_offload`, the placement the loader makes.
 
 The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit as
