@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Iterator
 
 from ondevice.catalog.hub import PairFiles
-from ondevice.engine import SpecEngine, Stats, Step
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import Stats, Step
 from ondevice.errors import OndeviceError
 from ondevice.loading.drafter_room import DrafterChoice, best_measured
 from ondevice.loading.memory import MemoryPlan
@@ -29,9 +30,9 @@ from ondevice.machine.ram import anon_rss, peak_rss, return_freed_memory
 from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.profile import ProfileBackends
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer
-from ondevice.verify import Sampling
+from ondevice.decode.verify import Sampling
 
 BACKEND_NAMES = {"llama": "llama.cpp", "onnx": "ONNX Runtime", "torch": "PyTorch"}
 
@@ -196,34 +197,17 @@ class Pipeline:
         return peak_rss(getattr(self.engine.target, "rss_counted_twice", 0))
 
     def stats_json(self, stats: Stats) -> dict:
-        """How the last answer was made, as JSON: passes, tokens per pass, speed, time split, tree, plan, placement."""
-        spec = stats.spec
+        """How the last answer was made (Stats.to_json) and where: backend, model, plan, placement, memory."""
         return {
-            "finish_reason": stats.finish_reason,
-            "target_passes": stats.target_passes,
-            "tokens_per_pass": stats.tokens_per_pass,
-            "accepted_per_pass": stats.accepted_per_pass,
-            "tokens_per_second": stats.tokens_per_second,
-            "prefill_seconds": stats.prefill_seconds,
-            "draft_seconds": stats.draft_seconds,
-            "verify_seconds": stats.verify_seconds,
-            "overhead_seconds": stats.overhead_seconds,
-            "overlap_hits": stats.overlap_hits,
-            "tree": spec.builder if spec else "none",
-            "budget": spec.budget if spec else 0,
+            **stats.to_json(),
             "target_backend": self.target_backend,
             "model": self.pair.name,
             "plan": plan_as_dict(self.plan) if self.plan else None,
             "planner": self.planner.summary() if self.plan is not None and self.planner is not None else None,
-            "rounds_by_config": stats.rounds_by_config,
             **_placement_json(self.engine.target, self.memory),
             "drafter_choice": self.info.get("drafter_choice"),  # a streaming target: the drafter kept or left out, and why
             "peak_rss_bytes": self.peak_rss(),  # this process's own footprint (its memory and mapped pages)
             "anon_rss_bytes": anon_rss(),
-            "disk_read_bytes": stats.disk_read_bytes,  # read from storage while decoding
-            "bytes_read_per_pass": stats.bytes_read_per_pass,
-            "round_split_seconds": stats.round_split(),  # draft / target_compute / disk_wait / overhead: adds up to decoding
-            "disk_utilization": stats.disk_utilization,  # share of decoding the target's disk was reading
         }
 
     def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:

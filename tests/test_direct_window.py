@@ -17,7 +17,7 @@ from ondevice.machine.ram import peak_rss
 from ondevice.target import direct_window
 from ondevice.target.direct_window import DirectWindow, direct_reads_work
 from ondevice.target.llama_target import LlamaTarget
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_DIRECT, memfd and MAP_FIXED are Linux-only")
 N_LAYERS = 6

@@ -23,8 +23,8 @@ from ondevice.plan.curve import Curves, pass_sizes
 from ondevice.loading.drafter_room import MAX_TIMINGS, MEASURED_TOKENS, UNSURE, AlonePass, best_measured, choose_drafter
 from ondevice.plan.profile import Profile
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET
-from ondevice.protocols import FREE_TREE_NODES, DraftSpec
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import FREE_TREE_NODES, DraftSpec
+from ondevice.decode.verify import Sampling
 
 from test_backends import FAST_DRAFT, curve
 from test_streaming_pipeline import MESSAGES, answer, stream_tiny_target, tiny_home  # noqa: F401 - a fixture
@@ -249,7 +249,7 @@ def test_a_drafter_kept_on_a_prediction_is_left_out_once_measured_slower(tiny_ho
 
 def test_bench_runs_auto_on_a_pipeline_without_the_drafter_model(tiny_home, monkeypatch):  # noqa: F811
     from ondevice.cli.bench_cmd import bench_specs
-    from ondevice.verify import Sampling
+    from ondevice.decode.verify import Sampling
 
     stream_tiny_target(tiny_home, monkeypatch)
     with ondevice.load("tiny", target_backend="llama", threads=1, ctx=256, keep_drafter=False) as pipe:  # --drop-drafter

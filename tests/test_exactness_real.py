@@ -19,14 +19,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ondevice.engine
-from ondevice.engine import SpecEngine, Step
+import ondevice.decode.engine
+from ondevice.decode.engine import SpecEngine
 from ondevice.prompt import sets as prompts
 from ondevice.eval.numerics import greedy_misses, pass_noise
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.tree import DraftTree
-from ondevice.verify import Verdict
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Verdict
 
 pytestmark = pytest.mark.real
 
@@ -82,11 +82,7 @@ def chat_ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 def decode(engine: SpecEngine, ids: list[int], spec: DraftSpec | None, n: int = N_TOKENS) -> list[int]:
     engine.cached = []
-    out = []
-    for item in engine.generate(ids, n, spec=spec):
-        if isinstance(item, Step):
-            out += item.tokens
-    return out
+    return engine.complete(ids, n, spec=spec)[0]
 
 
 def unexplained(target, ids: list[int], out: list[int], reference: list[int], noise: float) -> tuple[list[int], list[int]]:
@@ -175,7 +171,7 @@ def llama_case(real_pair, tokenizer):
 
 def test_the_check_catches_a_verifier_that_accepts_wrong_drafts(llama_case, tokenizer, drafter, monkeypatch):
     target, ids, alone, noise = llama_case
-    monkeypatch.setattr(ondevice.engine, "verify", accept_the_first_chain)
+    monkeypatch.setattr(ondevice.decode.engine, "verify", accept_the_first_chain)
     out = decode(SpecEngine(target, drafter, tokenizer.is_end), ids, DraftSpec("chain", 4), 48)
     assert out != alone
     assert unexplained(target, ids, out, alone, noise)[1], "a verifier accepting wrong drafts passed the check"

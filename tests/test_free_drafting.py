@@ -14,10 +14,10 @@ from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.draft.recycle import TOP_K
 from ondevice.draft.router import DraftRouter
-from ondevice.engine import SpecEngine, Step
-from ondevice.protocols import DEFAULT_BUDGET, DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, target_probs, verify_sequoia
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.protocols import DEFAULT_BUDGET, DraftSpec, Drafter
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, target_probs, verify_sequoia
 from tiny_models import write_tiny_gguf
 
 PROMPTS = [[5, 60, 61, 7, 200, 33, 5, 60, 61, 7], [300, 12, 12, 99, 5, 60, 61, 7, 200]]  # the second repeats the first
@@ -34,13 +34,7 @@ def tiny_dir(tmp_path_factory):
 
 def decode(engine: SpecEngine, prompt, n, spec=None, sampling=Sampling(), rule="specexec"):
     engine.cached = []
-    out, stats = [], None
-    for item in engine.generate(prompt, n, sampling, spec, rule):
-        if isinstance(item, Step):
-            out += item.tokens
-        else:
-            stats = item
-    return out, stats
+    return engine.complete(prompt, n, sampling, spec, rule)
 
 
 def never_ends(token: int) -> bool:
@@ -160,7 +154,7 @@ def test_the_engine_teaches_recycling_the_targets_top_k_after_every_drafted_pass
 # --- routing --------------------------------------------------------------------------------------
 
 
-class RecordingDrafter:
+class RecordingDrafter(Drafter):
     n_vocab = 400
 
     def __init__(self):

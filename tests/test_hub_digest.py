@@ -307,7 +307,7 @@ def test_models_gpu_column_is_the_loaders_placement(fake_hub, tmp_path, monkeypa
 
     from ondevice.cli.placement_view import gpu_place
     from ondevice.target.offloaded import plan_offload
-    from ondevice.protocols import MAX_BUDGET
+    from ondevice.decode.protocols import MAX_BUDGET
 
     home = tmp_path / "home"
     monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 8)

@@ -10,8 +10,8 @@ from scipy.special import log_softmax
 
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.errors import OndeviceError
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
 from test_builders import token_paths
 from tiny_models import write_tiny_gguf
 
@@ -212,7 +212,7 @@ def test_chain_equals_llama_cpp_greedy_generation(real_pair, real_drafter, promp
     ours = tree.tokens[1:].tolist()
     if ours != reference:  # the prompt is read in other batches: allowed only at a near-tie of llama.cpp's logits
         from ondevice.eval.numerics import pass_noise
-        from ondevice.reference import greedy_reference
+        from ondevice.decode.reference import greedy_reference
         from ondevice.target.llama_target import LlamaTarget
 
         i = next(i for i, (a, b) in enumerate(zip(ours, reference)) if a != b)

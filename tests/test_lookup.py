@@ -12,13 +12,13 @@ from ondevice.cli.decoding import make_spec
 from ondevice.draft.model_drafter import check_spec
 from ondevice.draft.lookup import PromptLookupDrafter, find_matches
 from ondevice.draft.router import DraftRouter
-from ondevice.engine import SpecEngine, Step
+from ondevice.decode.engine import SpecEngine
 from ondevice.errors import OndeviceError
 from ondevice.eval.numerics import greedy_misses, pass_noise
 from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, target_probs, verify_sequoia, verify_specexec
+from ondevice.decode.protocols import DraftSpec, Drafter
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, target_probs, verify_sequoia, verify_specexec
 from tiny_models import write_tiny_gguf
 
 LOOKUP = DraftSpec("lookup", 6)
@@ -153,7 +153,7 @@ def test_sequoia_rule_without_q_is_refused():
 
 
 # --- routing ----------------------------------------------------------------------------------
-class RecordingDrafter:
+class RecordingDrafter(Drafter):
     n_vocab = 400
 
     def __init__(self):
@@ -194,13 +194,7 @@ def tiny_paths(tmp_path_factory):
 
 def decode(engine: SpecEngine, prompt: list[int], n: int, spec, sampling=Sampling()):
     engine.cached = []
-    tokens, stats = [], None
-    for item in engine.generate(prompt, n, sampling, spec):
-        if isinstance(item, Step):
-            tokens += item.tokens
-        else:
-            stats = item
-    return tokens, stats
+    return engine.complete(prompt, n, sampling, spec)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])

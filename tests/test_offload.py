@@ -28,7 +28,7 @@ from ondevice.quant.groupwise import GroupSpec
 from ondevice.target import weights
 from ondevice.target.torch_model import KVCache, Transformer, TransformerBlock, rope_angles, rope_inv_freq
 from ondevice.target.torch_target import TorchTarget
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf
 
 

@@ -26,7 +26,7 @@ from ondevice.target.llama_target import LlamaTarget
 from ondevice.onnx.target import OnnxTarget
 from ondevice.target.torch_target import TorchTarget
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 pytestmark = pytest.mark.real
 

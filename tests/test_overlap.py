@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from ondevice.engine import SpecEngine, Stats, Step
-from ondevice.overlap import Guess, likely_path, prepared_spec
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, Verdict
+from ondevice.decode.engine import SpecEngine, Stats
+from ondevice.decode.overlap import Guess, likely_path, prepared_spec
+from ondevice.decode.protocols import DraftSpec, Drafter
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, Verdict
 from tiny_models import write_tiny_gguf
 
 # --- DraftTree.subtree ---------------------------------------------------------------------------
@@ -134,13 +134,7 @@ def drafters(tiny_dir):
 
 def decode(engine: SpecEngine, prompt, n, spec=None, sampling=Sampling(), rule="specexec") -> tuple[list[int], Stats]:
     engine.cached = []
-    out, stats = [], None
-    for item in engine.generate(prompt, n, sampling, spec, rule):
-        if isinstance(item, Step):
-            out += item.tokens
-        else:
-            stats = item
-    return out, stats
+    return engine.complete(prompt, n, sampling, spec, rule)
 
 
 def never_ends(token: int) -> bool:
@@ -205,7 +199,7 @@ def test_sequoia_verifies_prepared_trees_with_their_q(target, drafters):
     assert hits > 0
 
 
-class FailingDrafter:
+class FailingDrafter(Drafter):
     """Raises while the target is (slowly) verifying: the engine must wait for the pass, then raise."""
 
     n_vocab = 320

@@ -17,7 +17,7 @@ from ondevice.plan import auto as autoplan
 from ondevice.plan.cost_model import choose_plan, plan_as_dict
 from ondevice.plan.fallback import LookupTracker
 from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 import tiny_models
 from tiny_models import write_tiny_pair
 

@@ -7,15 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from ondevice.engine import RoundReport, SpecEngine, Step
+from ondevice.decode.engine import RoundReport, SpecEngine
 from ondevice.plan import auto as autoplan
 from ondevice.plan.arms import arm_of
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import Curves, LatencyCurve
 from ondevice.plan.rescale import PassTimes
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling
 from tiny_models import write_tiny_gguf
 
 # the real pair on this 2-core CPU, in RAM (DESIGN.md): a pass of n tokens costs about n single steps
@@ -188,11 +188,7 @@ def tiny_pair(tmp_path_factory):
 
 def decode(engine, prompt, n, spec, replan=None, observe=None) -> list[int]:
     engine.cached = []
-    out = []
-    for item in engine.generate(prompt, n, Sampling(), spec, observe=observe, replan=replan):
-        if isinstance(item, Step):
-            out += item.tokens
-    return out
+    return engine.complete(prompt, n, Sampling(), spec, observe=observe, replan=replan)[0]
 
 
 def test_replanning_every_round_keeps_greedy_output_exact(tiny_pair):

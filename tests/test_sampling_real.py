@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import ondevice.verify as verify_mod
+import ondevice.decode.verify as verify_mod
 from ondevice.draft.search_tree import sampled_children
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, Verdict, target_probs, verify
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, Verdict, target_probs, verify
 
 pytestmark = pytest.mark.real
 

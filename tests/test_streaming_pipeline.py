@@ -24,9 +24,9 @@ from ondevice.machine.facts import measure_ram_bandwidth
 from ondevice.onnx.export_files import export_dir
 from ondevice.loading.memory import MARGIN, ModelSize
 from ondevice.plan.profile import Profile, save_profile
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.vocabtrim import build, shipped
-from ondevice.verify import Sampling
+from ondevice.decode.verify import Sampling
 import tiny_models
 from tiny_models import write_tiny_pair
 

@@ -34,7 +34,7 @@ from ondevice.synthetic.writer import write_synthetic_gguf
 from ondevice.machine.facts import machine_facts
 from ondevice.target import weights
 from ondevice.target.torch_target import TorchTarget
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 from test_torch_target import llama_cpp_logits
 
 # Torch fp32 vs llama.cpp on the same quantized GGUF differ because llama.cpp quantizes the
@@ -325,7 +325,7 @@ def test_synthetic_target_streams_from_pinned_ram_to_the_gpu(tmp_path, monkeypat
     per pass are theirs, and both bandwidths (pinned peak, streamer's copy rate) are measured.
     Where Triton decodes every tensor, kept layers stay encoded: the budget counts them as moved."""
     from ondevice.offload.encoded import decodes_fast
-    from ondevice.protocols import MAX_BUDGET
+    from ondevice.decode.protocols import MAX_BUDGET
     from ondevice.target.offloaded import plan_offload
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))

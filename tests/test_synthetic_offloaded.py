@@ -18,7 +18,7 @@ from ondevice.synthetic.offloaded import model_args, offloaded_target
 from ondevice.synthetic.shapes import ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf
 from ondevice.target import weights
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 SHAPES = [
     ModelShape("s-llama", "llama", 6, 256, 512, 4, 2, 64, 512, rope_factor=8.0),  # Q/K rows unpermuted after each transfer

@@ -25,7 +25,7 @@ from ondevice.machine.facts import machine_facts
 from ondevice.machine.ram import peak_rss
 from ondevice.plan.profile import get_profile
 from ondevice.prompt import sets as prompt_sets
-from ondevice.verify import Sampling
+from ondevice.decode.verify import Sampling
 
 
 def parse_list(text: str, kind=str) -> list:

@@ -10,12 +10,12 @@ from rich.console import Console
 
 from ondevice import pipeline
 from ondevice.cli.literal import literal
-from ondevice.engine import Stats
+from ondevice.decode.engine import Stats
 from ondevice.errors import OndeviceError
 from ondevice.loading.options import Answers, LoadOptions
 from ondevice.pipeline import Pipeline
-from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, FREE_BUILDERS, FREE_TREE_NODES, MAX_BUDGET, MODEL_BUILDERS, DraftSpec
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import BUILDERS, DEFAULT_BUDGET, FREE_BUILDERS, FREE_TREE_NODES, MAX_BUDGET, MODEL_BUILDERS, DraftSpec
+from ondevice.decode.verify import Sampling
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

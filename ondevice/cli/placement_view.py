@@ -9,7 +9,7 @@ from ondevice.catalog.pairs import ModelFile, ModelPair
 from ondevice.errors import OndeviceError
 from ondevice.machine.ram import RamBudget
 from ondevice.loading.memory import ModelSize, plan_memory
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.quant_mix import preset_size
 from ondevice.synthetic.shapes import find_shape

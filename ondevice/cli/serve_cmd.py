@@ -14,7 +14,7 @@ from ondevice.cli.literal import literal, say
 from ondevice.errors import OndeviceError
 from ondevice.loading.options import LoadOptions
 from ondevice.sizes import parse_size
-from ondevice.verify import Sampling
+from ondevice.decode.verify import Sampling
 
 
 @opt.load_options

@@ -7,7 +7,7 @@ best nodes of a trie always form a tree (ancestor-closed). Merged proposals keep
 highest step any source gave it (the most confident source wins); siblings are ranked by score,
 ties by the order the sources were merged in.
 
-Verification (ondevice.verify): greedy and SpecExec accept the child equal to the target's own
+Verification (ondevice.decode.verify): greedy and SpecExec accept the child equal to the target's own
 choice, so any proposed tree is exact and no draft probabilities are needed. Sequoia's rule needs
 children drawn from q: a deterministic proposal is a draw from a point mass, so for it the tree is
 cut to its best chain with q one-hot at each node (`point_mass_chain`) — exact, as for prompt lookup.
@@ -19,7 +19,7 @@ import heapq
 
 import numpy as np
 
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 
 class FreeTrie:

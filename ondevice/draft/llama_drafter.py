@@ -15,7 +15,7 @@ from ondevice.draft.tree_cache import DraftKV
 from ondevice.vocabtrim.head import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 
 
 class LlamaDrafter(ModelDrafter):

@@ -34,8 +34,8 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import Drafter, DraftSpec
+from ondevice.decode.tree import DraftTree
 
 MAX_NGRAM = 3
 # Bigrams, not unigrams: in a few thousand tokens almost every single token has occurred before, so
@@ -116,7 +116,7 @@ class _Trie:
         return DraftTree(np.array(tokens), np.array(parents), np.array(logprobs))
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Drafter protocol with no model: n-gram matches in the context propose a trie of continuations."""
 
     def __init__(self, n_vocab: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM, max_matches: int = MAX_MATCHES):

@@ -34,8 +34,8 @@ from ondevice.paths import home
 from ondevice.plan.curve import LatencyCurve
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, follow
 from ondevice.prompt import sets as prompt_sets
-from ondevice.protocols import TARGET_FREE, DraftSpec
-from ondevice.tree import common_prefix
+from ondevice.decode.protocols import TARGET_FREE, DraftSpec
+from ondevice.decode.tree import common_prefix
 
 CEILING_CHAIN = 64  # the longest chain the ceiling looks at
 

@@ -3,7 +3,7 @@
 Verifying n drafted tokens in one pass runs other kernels than decoding them one at a time, so the
 logits differ slightly. Greedy decoding stays exact as long as that difference never flips an
 argmax, i.e. wherever the target's top-1/top-2 margin exceeds the noise. `measure_batch_noise`
-measures the noise of any `ondevice.protocols.Target`; tests and benchmarks compare divergences
+measures the noise of any `ondevice.decode.protocols.Target`; tests and benchmarks compare divergences
 against it (DESIGN.md, "Exactness and numerics").
 """
 
@@ -14,9 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.protocols import Target
-from ondevice.reference import greedy_reference
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import Target
+from ondevice.decode.reference import greedy_reference
+from ondevice.decode.tree import DraftTree
 
 
 def top2_margin(logits_row: np.ndarray) -> float:

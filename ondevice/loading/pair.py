@@ -12,7 +12,7 @@ from typing import Callable
 from ondevice.catalog.choose import choose
 from ondevice.catalog.hub import PairFiles
 from ondevice.draft.loader import with_lookup
-from ondevice.engine import SpecEngine
+from ondevice.decode.engine import SpecEngine
 from ondevice.loading.choices import plan_load
 from ondevice.loading.drafter_room import DrafterChoice, drafter_or_layers, drafterless_curve
 from ondevice.loading.options import Answers, LoadOptions

@@ -15,7 +15,7 @@ from ondevice.loading.options import LoadOptions
 from ondevice.machine.facts import cuda_available, default_threads
 from ondevice.machine.ram import RamBudget, ram_budget, unmap_large_frees
 from ondevice.plan.auto import CPU_MAX_TREE
-from ondevice.protocols import FREE_TREE_NODES, MAX_BUDGET
+from ondevice.decode.protocols import FREE_TREE_NODES, MAX_BUDGET
 from ondevice.sizes import parse_size
 from ondevice.target.loader import load_target
 from ondevice.target.page_cache import WINDOW_AHEAD

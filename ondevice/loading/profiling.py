@@ -15,7 +15,7 @@ from ondevice.machine.facts import cuda_available, machine_facts, physical_cores
 from ondevice.paths import home
 from ondevice.plan.latency import MAX_TOKENS_PER_PASS
 from ondevice.plan.profile import ProfileBackends, get_profile, load_profile
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 
 
 def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, drafters: tuple[str, ...] = CPU_BACKENDS,

@@ -20,7 +20,7 @@ way. `ondevice profile` measures everything on demand. Where the target is on a 
 (`ProfileBackends.profile_first`) the profile is measured before the first answer: seconds there.
 
 A target that streams from disk has its own profile (measured streaming, in a child process before
-loading: loading/profiling.streaming_profile). Drafting while the target verifies (DuoDecoding, overlap.py)
+loading: loading/profiling.streaming_profile). Drafting while the target verifies (DuoDecoding, decode/overlap.py)
 is priced with what overlapped rounds achieved (`hit_scale`, `overlap_scale`).
 """
 
@@ -42,8 +42,8 @@ from ondevice.plan.latency import ALONE_CONTEXT
 from ondevice.plan.model_arms import BuilderGains, model_plans
 from ondevice.plan.profile import Profile, get_profile, saved_profile
 from ondevice.plan.rescale import PassTimes, context_growth
-from ondevice.protocols import TARGET_FREE, DraftSpec
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import TARGET_FREE, DraftSpec
+from ondevice.decode.verify import Sampling
 
 CPU_MAX_TREE = 256  # on a CPU target the pass cost grows steeply; never worth profiling bigger trees
 REPLAN_CHANGE = 0.15  # re-price the target alone and lookup when the target's curve moved by more than this ...

@@ -16,8 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.timing import Timing, run_steps, timing_steps
-from ondevice.protocols import MAX_BUDGET
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import MAX_BUDGET
+from ondevice.decode.tree import DraftTree
 
 ALONE_CONTEXT = 64  # tokens of context the drafter-less passes are timed over (as a profile's)
 

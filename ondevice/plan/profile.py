@@ -34,7 +34,7 @@ from ondevice.plan.timing import Timing, timing_steps
 from ondevice.errors import OndeviceError
 from ondevice.paths import home, read_state, state_file, write_json
 from ondevice.machine.ram import return_freed_memory
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 
 DRAFT_BATCH_MAX = 128  # the widest drafter call a profile times
 

@@ -24,7 +24,7 @@ from ondevice.offload.placement import RAM_MARGIN
 from ondevice.paths import home
 from ondevice.loading.options import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.loading.memory import MemoryPlan, ModelSize
 from ondevice.machine.ram import own_cgroup_memory

@@ -28,7 +28,7 @@ from ondevice.offload.encoded import EncodedLayers
 from ondevice.offload.layout import GGUFTensorInfo, LayerLayout, move_buffers, unpack
 from ondevice.offload.streamer import LayerStreamer, StreamedLayer
 from ondevice.target.offloaded import LAYER_NAMES, assign_resident, meta_layouts, place_layers
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.quant import gguf_blocks
 from ondevice.synthetic.quant_mix import TensorSpec, preset_tensors
 from ondevice.synthetic.shapes import LLAMA3_ROPE, ModelShape

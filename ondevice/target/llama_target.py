@@ -20,9 +20,9 @@ import numpy as np
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel, layer_callback
 from ondevice.machine.disk_io import read_counters, stat_file
-from ondevice.protocols import StreamCounters
+from ondevice.decode.protocols import StreamCounters, Target
 from ondevice.target.direct_window import open_window
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 MAIN_SEQ = 0
 
@@ -38,7 +38,7 @@ def leaf_sequences(tree: DraftTree) -> list[list[int]]:
     return seqs
 
 
-class LlamaTarget:
+class LlamaTarget(Target):
     """Target protocol over llama.cpp: a KV cache of committed tokens, tree verification in one pass."""
 
     def __init__(

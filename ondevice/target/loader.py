@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.target.llama_target import LlamaTarget
 
 

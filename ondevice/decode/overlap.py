@@ -15,7 +15,7 @@ Other shapes keep only the nodes below the bonus token, fewer than a fresh tree 
 is a hit verifies a smaller tree but skips drafting). A root-only T guesses the empty path, which
 always comes true: the prepared tree is then a fresh draft made while the target ran.
 
-**Why this stays exact.** Each rule in `ondevice.verify` is exact under its own condition on the
+**Why this stays exact.** Each rule in `ondevice.decode.verify` is exact under its own condition on the
 tree (greedy, SpecExec: any tree; Sequoia: children drawn from q), provided the tree is chosen from
 what is known before the round's target draws and the drafter's randomness (its own seeded
 generator) is independent of the target's (the engine's `rng`). The prepared tree is a function of
@@ -58,9 +58,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ondevice.protocols import MAX_BUDGET, Drafter, DraftSpec, Target
-from ondevice.tree import DraftTree
-from ondevice.verify import Verdict
+from ondevice.decode.protocols import MAX_BUDGET, Drafter, DraftSpec, Target
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Verdict
 
 def likely_path(tree: DraftTree) -> list[int]:
     """The drafter's top-1 path root→leaf: at each node the child with the highest draft log-prob."""
