@@ -113,7 +113,7 @@ def test_generate_json_speculative_equals_no_draft(real_pair):
     assert spec["target_passes"] < plain["target_passes"] and spec["tree"] == "chain"
     if spec["token_ids"] != plain["token_ids"]:  # allowed only at near-ties (batched passes: other kernels)
         from ondevice.eval.numerics import greedy_misses, pass_noise
-        from ondevice.target.llama_target import LlamaTarget
+        from ondevice.targets.llama_target import LlamaTarget
 
         target, prompt = LlamaTarget(real_pair.target, n_ctx=1024, threads=2), plain["prompt_token_ids"]
         noise = pass_noise(target, prompt, plain["token_ids"], range(2, 6))  # this machine's, passes <= 5

@@ -306,7 +306,7 @@ def test_models_gpu_column_is_the_loaders_placement(fake_hub, tmp_path, monkeypa
     import tiny_models
 
     from ondevice.cli.placement_view import gpu_place
-    from ondevice.target.offloaded import plan_offload
+    from ondevice.targets.offloaded import plan_offload
     from ondevice.decode.protocols import MAX_BUDGET
 
     home = tmp_path / "home"

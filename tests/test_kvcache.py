@@ -17,7 +17,7 @@ from ondevice.draft.search_tree import SearchTree
 from ondevice.onnx import export as ex
 from ondevice.onnx.decoder import OnnxDecoder
 from ondevice.onnx.target import OnnxTarget
-from ondevice.target.torch_target import TorchTarget
+from ondevice.targets.torch_target import TorchTarget
 from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf
 

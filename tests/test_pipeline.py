@@ -129,7 +129,7 @@ def test_close_frees_models_and_threads_and_the_pair_loads_again(tmp_path, monke
     import torch
 
     from ondevice.errors import OndeviceError
-    from ondevice.target.offloaded import plan_offload
+    from ondevice.targets.offloaded import plan_offload
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 6)  # enough layers that most can stream

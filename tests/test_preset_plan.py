@@ -22,7 +22,7 @@ from ondevice.machine.ram import RamBudget
 from ondevice.synthetic.quant_mix import preset_size
 from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf
-from ondevice.target.page_cache import WINDOW_AHEAD
+from ondevice.targets.page_cache import WINDOW_AHEAD
 
 MiB = 1 << 20
 

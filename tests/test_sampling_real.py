@@ -38,7 +38,7 @@ PROMPT = "Pick a random number from 1 to 10. Reply with the number only."  # a s
 @pytest.fixture(scope="module")
 def setup(real_pair):
     from ondevice.draft.llama_drafter import LlamaDrafter
-    from ondevice.target.torch_target import TorchTarget
+    from ondevice.targets.torch_target import TorchTarget
     from ondevice.prompt.tokenizer import Tokenizer
 
     tok = Tokenizer(real_pair.target)

@@ -14,6 +14,7 @@ from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.draft.router import DraftRouter
 from ondevice.draft.sizing import best_size, sized
 from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import collect
 from ondevice.eval.free_ceiling import ceiling_seconds, sized_seconds
 from ondevice.plan import auto as autoplan
 from ondevice.loading.drafter_room import ALONE_CONTEXT
@@ -106,7 +107,7 @@ def test_router_sends_a_weak_match_to_the_root_alone():
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     path = tmp_path_factory.mktemp("tiny") / "qwen2.gguf"
     write_tiny_gguf(path, arch="qwen2", head_scale=3.0)
@@ -115,7 +116,7 @@ def tiny_target(tmp_path_factory):
 
 def decode(engine: SpecEngine, prompt, n, spec=None, sampling=Sampling()):
     engine.cached = []
-    return engine.complete(prompt, n, sampling, spec, "specexec")[0]
+    return collect(engine.generate(prompt, n, sampling, spec, "specexec"))[0]
 
 
 @pytest.mark.parametrize("builder", ["lookup", "suffix", TARGET_FREE])

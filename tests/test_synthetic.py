@@ -32,8 +32,8 @@ from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.sources import from_preset, matching_preset, resolve, tensors_of_gguf
 from ondevice.synthetic.writer import write_synthetic_gguf
 from ondevice.machine.facts import machine_facts
-from ondevice.target import weights
-from ondevice.target.torch_target import TorchTarget
+from ondevice.targets import weights
+from ondevice.targets.torch_target import TorchTarget
 from ondevice.decode.tree import DraftTree
 from test_torch_target import llama_cpp_logits
 
@@ -326,7 +326,7 @@ def test_synthetic_target_streams_from_pinned_ram_to_the_gpu(tmp_path, monkeypat
     Where Triton decodes every tensor, kept layers stay encoded: the budget counts them as moved."""
     from ondevice.offload.encoded import decodes_fast
     from ondevice.decode.protocols import MAX_BUDGET
-    from ondevice.target.offloaded import plan_offload
+    from ondevice.targets.offloaded import plan_offload
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     shape = ModelShape("small-qwen2", "qwen2", 8, 512, 1024, 8, 2, 64, 4096)

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.target.offloaded import load_offloaded_target, plan_offload
+from ondevice.targets.offloaded import load_offloaded_target, plan_offload
 from ondevice.synthetic.offloaded import model_args, offloaded_target
 from ondevice.synthetic.shapes import ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf
-from ondevice.target import weights
+from ondevice.targets import weights
 from ondevice.decode.tree import DraftTree
 
 SHAPES = [

@@ -22,9 +22,9 @@ from ondevice.eval.numerics import (
     top2_margin,
 )
 from ondevice.decode.reference import greedy_reference
-from ondevice.target import torch_target, weights
-from ondevice.target.torch_model import ModelArgs
-from ondevice.target.torch_target import TorchTarget
+from ondevice.targets import torch_target, weights
+from ondevice.targets.torch_model import ModelArgs
+from ondevice.targets.torch_target import TorchTarget
 from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf, write_tiny_hf
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable
 
-from ondevice.decode.stats import Stats
+from ondevice.decode.stats import Stats, collect
 from ondevice.decode.protocols import DraftSpec
 from ondevice.decode.verify import Sampling
 
@@ -111,7 +111,7 @@ def run_config(
     forget_session(engine)
     for ids in prompts:
         engine.cached = []  # each prompt from a cold cache: comparable across configurations
-        tokens, stats = engine.complete(ids, max_tokens, sampling, spec)
+        tokens, stats = collect(engine.generate(ids, max_tokens, sampling, spec))
         result.add(stats)
         outputs.append(tokens)
         if on_prompt:

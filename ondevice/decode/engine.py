@@ -185,24 +185,5 @@ class SpecEngine:
             stats.disk_busy_seconds = _grown(streamed_at_start.disk_busy_seconds, streamed_now.disk_busy_seconds)
         yield stats
 
-    def complete(
-        self,
-        prompt: Sequence[int],
-        max_tokens: int,
-        sampling: Sampling = Sampling(),
-        spec: DraftSpec | None = None,
-        rule: str = "specexec",
-        observe: Callable[[RoundReport], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        replan: Callable[[], DraftSpec | None] | None = None,
-    ) -> tuple[list[int], Stats]:
-        """`generate` run to its end: the answer's tokens and its Stats."""
-        tokens: list[int] = []
-        for item in self.generate(prompt, max_tokens, sampling, spec, rule, observe, should_stop, replan):
-            if isinstance(item, Stats):
-                return tokens, item
-            tokens += item.tokens
-        raise AssertionError("generate always ends with its Stats")
-
     def _stream_counters(self) -> StreamCounters | None:
         return self.target.stream_counters()

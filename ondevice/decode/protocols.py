@@ -1,5 +1,5 @@
-"""The narrow interfaces the engine knows. Backends live in draft/ and target/, are chosen in
-`ondevice.loading` (one place: `loading/choices.plan_load`) and opened by target/loader.py and draft/loader.py.
+"""The narrow interfaces the engine knows. Backends live in draft/ and targets/, are chosen in
+`ondevice.loading` (one place: `loading/choices.plan_load`) and opened by targets/loader.py and draft/loader.py.
 
 Data flows one way: tokens → Drafter.draft → DraftTree → Target.forward_tree → logits →
 verify → Target.commit(path) → tokens out.
@@ -49,7 +49,7 @@ class Target(Protocol):
     # The hooks below have defaults: a backend subclasses this Protocol and overrides the ones it has.
 
     def stream_counters(self) -> StreamCounters | None:
-        """Running totals of a target that streams its weights from disk (target/llama_target.py
+        """Running totals of a target that streams its weights from disk (targets/llama_target.py
         with a page-cache window); the engine reports their growth per answer. None: it does not stream."""
         return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, fields
+from typing import Iterable
 
 from ondevice.decode.protocols import DraftSpec
 from ondevice.decode.tree import DraftTree
@@ -133,3 +134,13 @@ class Stats:
             "round_split_seconds": self.round_split(),  # draft / target_compute / disk_wait / overhead: adds up to decoding
             "disk_utilization": self.disk_utilization,  # share of decoding the target's disk was reading
         }
+
+
+def collect(items: Iterable[Step | Stats]) -> tuple[list[int], Stats]:
+    """A `SpecEngine.generate` run to its end: the answer's tokens and its Stats."""
+    tokens: list[int] = []
+    for item in items:
+        if isinstance(item, Stats):
+            return tokens, item
+        tokens += item.tokens
+    raise ValueError("the answer ended without its Stats")
