@@ -24,7 +24,7 @@ from ondevice.loading.options import Answers, LoadOptions
 from ondevice.machine.facts import machine_facts
 from ondevice.machine.ram import peak_rss
 from ondevice.plan.profile import get_profile
-from ondevice.prompt import sets as prompt_sets
+from ondevice.bench import prompt_sets
 from ondevice.decode.verify import Sampling
 
 

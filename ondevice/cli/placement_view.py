@@ -13,7 +13,7 @@ from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.quant_mix import preset_size
 from ondevice.synthetic.shapes import find_shape
-from ondevice.target.page_cache import WINDOW_AHEAD
+from ondevice.targets.page_cache import WINDOW_AHEAD
 
 
 def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 4096) -> str:
@@ -47,8 +47,8 @@ def gpu_place(model: ModelFile, device: str = "cuda", gpu_memory: str | None = N
         return "planned once downloaded"
     import torch  # lazy: torch (~1 s), and the torch target's modules, only when a GPU is there to plan for
 
-    from ondevice.target.offloaded import plan_offload  # lazy: imports torch
-    from ondevice.target.torch_target import default_dtype  # lazy: imports torch
+    from ondevice.targets.offloaded import plan_offload  # lazy: imports torch
+    from ondevice.targets.torch_target import default_dtype  # lazy: imports torch
 
     try:
         plan = plan_offload(hub.local_path(model), device, default_dtype(torch.device(device)), n_ctx, gpu_memory, ram_memory, max_tree=MAX_BUDGET)

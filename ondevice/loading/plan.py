@@ -17,8 +17,8 @@ from ondevice.machine.ram import RamBudget, ram_budget, unmap_large_frees
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.decode.protocols import FREE_TREE_NODES, MAX_BUDGET
 from ondevice.sizes import parse_size
-from ondevice.target.loader import load_target
-from ondevice.target.page_cache import WINDOW_AHEAD
+from ondevice.targets.loader import load_target
+from ondevice.targets.page_cache import WINDOW_AHEAD
 from ondevice.vocabtrim.build import find_trimmed
 
 
@@ -111,7 +111,7 @@ def largest_tree(on_gpu: bool) -> int:
 
 
 def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOptions, memory: MemoryPlan | None):
-    """The target on `backend`: the ONNX one (onnx/target.py), else as target/loader.py opens it,
+    """The target on `backend`: the ONNX one (onnx/target.py), else as targets/loader.py opens it,
     sized by `memory` (None: llama.cpp's defaults)."""
     if backend == "onnx":
         from ondevice.onnx.target import (

@@ -21,7 +21,7 @@ import torch
 from ondevice.decode.kvcache import move_entries
 from ondevice.onnx.export import OnnxExport
 from ondevice.onnx.session import open_session
-from ondevice.target.torch_model import rope_angles, rope_inv_freq
+from ondevice.targets.torch_model import rope_angles, rope_inv_freq
 
 
 class OnnxDecoder:

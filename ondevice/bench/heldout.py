@@ -1,6 +1,6 @@
 """Held-out prompt sets: written for one measurement each and never iterated on (README's planner
 and streaming figures). Code and chat, as users ask. `ondevice bench --prompts heldout…` runs them;
-prompt/sets.py maps the names."""
+bench/prompt_sets.py maps the names."""
 
 # Held out from everything, the planner's tuning included: written for the planner's acceptance
 # measurements (README, "How it decides"), never iterated on. Code and chat, as users ask.

@@ -21,7 +21,7 @@ from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel, layer_callback
 from ondevice.machine.disk_io import read_counters, stat_file
 from ondevice.decode.protocols import StreamCounters, Target
-from ondevice.target.direct_window import open_window
+from ondevice.targets.direct_window import open_window
 from ondevice.decode.tree import DraftTree
 
 MAIN_SEQ = 0

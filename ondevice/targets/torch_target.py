@@ -18,8 +18,8 @@ import torch
 
 from ondevice.decode.kvcache import TreeSlots
 from ondevice.decode.protocols import Target
-from ondevice.target import weights
-from ondevice.target.torch_model import ModelArgs, Transformer
+from ondevice.targets import weights
+from ondevice.targets.torch_model import ModelArgs, Transformer
 from ondevice.decode.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 class TorchTarget(Target):
     """Target protocol over `Transformer`: a preallocated KV cache, one pass per draft tree."""
 
-    # Set by `ondevice.target.offloaded.load_offloaded_target`; None: every layer is resident.
+    # Set by `ondevice.targets.offloaded.load_offloaded_target`; None: every layer is resident.
     placement: Placement | None = None
     streamer: LayerStreamer | None = None
 
