@@ -1,5 +1,5 @@
 """How a cached model file is checked before use (ondevice/catalog/verified.py), and the download
-folder's checks (models_folder.py): issue 24.
+folder's checks (models_folder.py).
 
 The `fake` pair of test_hub.py: a local PEP 691 index serving the pair as byte-sliced wheels, so a
 file found bad is downloaded again for real.

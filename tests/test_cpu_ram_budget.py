@@ -1,5 +1,5 @@
 """On a CPU, --ram-memory is all the memory the torch target may use: what does not fit streams from
-disk (issue 10, item 6: it used to place every layer in RAM whatever the budget)."""
+disk (never every layer in RAM whatever the budget)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_a_preset_is_planned_as_its_written_file(tmp_path, shape):
 
 
 def test_a_pair_not_downloaded_keeps_layers_cached(tmp_path, monkeypatch):
-    """The issue's case: llama3.3-70b (42 GB) with ~22 GB of RAM; planned without per-layer sizes it
+    """The case: llama3.3-70b (42 GB) with ~22 GB of RAM; planned without per-layer sizes it
     read the whole file every pass, the loader keeps about half of it cached."""
     from ondevice.catalog.pairs import load_pair
     from ondevice.cli.placement_view import model_size, target_place
