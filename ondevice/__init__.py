@@ -10,8 +10,8 @@ __version__ = "0.1.0"
 
 
 def load(model: str | None = None, **options):
-    """Load a model pair into a `Pipeline` (see `ondevice.loading.LoadOptions` for the options;
-    `answers=ondevice.loading.Answers(prompts, max_tokens)`: what it will answer, when known).
+    """Load a model pair into a `Pipeline` (see `ondevice.loading.options.LoadOptions` for the options;
+    `answers=ondevice.loading.options.Answers(prompts, max_tokens)`: what it will answer, when known).
     Imported lazily: `import ondevice` stays cheap (no torch, no llama.cpp)."""
     from ondevice.pipeline import load as load_pipeline  # lazy: `import ondevice` stays cheap (no torch, no llama.cpp)
 

@@ -1,8 +1,8 @@
 """A loaded pair wired into one object: tokenizer, drafter, target → engine, and the planner.
 
-`load_pipeline` chooses the files (catalog/choose.py), plans the load once (`loading.plan_load`: backends,
-threads, context, memory plan), opens the target and drafter (target/loader.py, draft/loader.py) and wires them.
-The files come from the catalog (`--model`) or are your own (`--target`, `--drafter`: a GGUF path or
+`load_pipeline` runs what loading/pair.py opens: the files chosen (catalog/choose.py), the load
+planned once (loading/choices.py: backends, threads, context, memory plan), the target and drafter
+opened and wired. The files come from the catalog (`--model`) or are your own (`--target`, `--drafter`: a GGUF path or
 `hf:owner/repo:QUANT`), see catalog/choose.py. A drafter whose vocabulary differs from the target's
 only by padding is accepted (tokenizer.vocab_mismatch); without a drafter model (none compatible, or
 left out so that a streamed target keeps more layers) the planner weighs the free drafters (prompt
@@ -18,24 +18,21 @@ import sys
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Iterator
 
-from ondevice.catalog.choose import choose
 from ondevice.catalog.hub import PairFiles
-from ondevice.engine import SpecEngine, Stats, Step
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import Stats, Step
 from ondevice.errors import OndeviceError
-from ondevice.draft.loader import with_lookup
-from ondevice.loading import Answers, LoadOptions, LoadPlan, plan_load, profile_backends, streaming_profile, time_alone
-from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.plan.arms import load_book
-from ondevice.plan.auto import AutoPlanner, regime_of
-from ondevice.plan.drafter_room import AlonePass, DrafterChoice, best_measured, choose_drafter
-from ondevice.plan.cost_model import Plan, plan_as_dict
-from ondevice.plan.curve import LatencyCurve
-from ondevice.plan.memory import MemoryPlan
-from ondevice.plan.profile import ProfileBackends, save_profile
+from ondevice.loading.drafter_room import DrafterChoice, best_measured
+from ondevice.loading.memory import MemoryPlan
+from ondevice.loading.options import Answers, LoadOptions
+from ondevice.loading.pair import open_pair
 from ondevice.machine.ram import anon_rss, peak_rss, return_freed_memory
-from ondevice.protocols import DraftSpec
-from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
-from ondevice.verify import Sampling
+from ondevice.plan.auto import AutoPlanner
+from ondevice.plan.cost_model import Plan, plan_as_dict
+from ondevice.plan.profile import ProfileBackends
+from ondevice.decode.protocols import DraftSpec
+from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer
+from ondevice.decode.verify import Sampling
 
 BACKEND_NAMES = {"llama": "llama.cpp", "onnx": "ONNX Runtime", "torch": "PyTorch"}
 
@@ -200,34 +197,17 @@ class Pipeline:
         return peak_rss(getattr(self.engine.target, "rss_counted_twice", 0))
 
     def stats_json(self, stats: Stats) -> dict:
-        """How the last answer was made, as JSON: passes, tokens per pass, speed, time split, tree, plan, placement."""
-        spec = stats.spec
+        """How the last answer was made (Stats.to_json) and where: backend, model, plan, placement, memory."""
         return {
-            "finish_reason": stats.finish_reason,
-            "target_passes": stats.target_passes,
-            "tokens_per_pass": stats.tokens_per_pass,
-            "accepted_per_pass": stats.accepted_per_pass,
-            "tokens_per_second": stats.tokens_per_second,
-            "prefill_seconds": stats.prefill_seconds,
-            "draft_seconds": stats.draft_seconds,
-            "verify_seconds": stats.verify_seconds,
-            "overhead_seconds": stats.overhead_seconds,
-            "overlap_hits": stats.overlap_hits,
-            "tree": spec.builder if spec else "none",
-            "budget": spec.budget if spec else 0,
+            **stats.to_json(),
             "target_backend": self.target_backend,
             "model": self.pair.name,
             "plan": plan_as_dict(self.plan) if self.plan else None,
             "planner": self.planner.summary() if self.plan is not None and self.planner is not None else None,
-            "rounds_by_config": stats.rounds_by_config,
             **_placement_json(self.engine.target, self.memory),
             "drafter_choice": self.info.get("drafter_choice"),  # a streaming target: the drafter kept or left out, and why
             "peak_rss_bytes": self.peak_rss(),  # this process's own footprint (its memory and mapped pages)
             "anon_rss_bytes": anon_rss(),
-            "disk_read_bytes": stats.disk_read_bytes,  # read from storage while decoding
-            "bytes_read_per_pass": stats.bytes_read_per_pass,
-            "round_split_seconds": stats.round_split(),  # draft / target_compute / disk_wait / overhead: adds up to decoding
-            "disk_utilization": stats.disk_utilization,  # share of decoding the target's disk was reading
         }
 
     def stream(self, messages: list[dict[str, str]] | str, **kwargs) -> Iterator[Record]:
@@ -257,71 +237,11 @@ def load(model: str | None = None, *, answers: Answers | None = None, **kwargs) 
 
 
 def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None, answers: Answers | None = None) -> Pipeline:
-    """Choose the files, plan the load, open the target and drafter as planned, wire them.
-    status(message): what a long step is doing (the CLI's spinner)."""
-    opts.checked()
-    files = choose(opts.model, opts.target, opts.drafter, opts.draft)  # downloads on first use
-    tokenizer = Tokenizer(files.target)
-    process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
-    plan = plan_load(opts, files, process, answers, tokenizer, status)
-    choice, lean_curve = None, None
-    if plan.streams and files.drafter is not None:
-        profile = streaming_profile(plan)  # measured apart: see there
-        plan, choice = drafter_or_layers(plan, profile, process, answers, tokenizer, status)
-        files, lean_curve = plan.files, drafterless_curve(profile, plan)
-    drafter = None
-    if files.drafter is not None:
-        check_same_vocab(tokenizer, Tokenizer(files.drafter))
-        drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab)
-    target = plan.open_target()
-    backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
-    overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
-    engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
-    placement = target.placement_summary() if plan.memory is None else plan.memory.describe()
-    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None}
-    pipe = Pipeline(files, tokenizer, engine, plan.target_backend, placement=placement, info=info, backends=backends, memory=plan.memory,
-                    overlap_choice=opts.overlap, reload=lambda: load_pipeline(replace(opts, keep_drafter=False), None, answers))
-    pipe.note_choice(choice)
+    """The pair opened as planned (loading/pair.py), running. status(message): what a long step is
+    doing (the CLI's spinner)."""
+    pair = open_pair(opts, status, answers)
+    pipe = Pipeline(pair.files, pair.tokenizer, pair.engine, pair.plan.target_backend, placement=pair.placement, info=pair.info,
+                    backends=pair.backends, memory=pair.plan.memory, overlap_choice=opts.overlap,
+                    reload=lambda: load_pipeline(replace(opts, keep_drafter=False), None, answers))
+    pipe.note_choice(pair.choice)
     return pipe
-
-
-def drafter_or_layers(plan: LoadPlan, profile, process: int, answers: Answers | None, tokenizer: Tokenizer,
-                      status=None) -> tuple[LoadPlan, DrafterChoice | None]:
-    """A target that streams with the drafter: keep the drafter, or load without it and give its RAM
-    to the target's layers, whichever measured (or, the first time, is predicted) faster
-    (plan/drafter_room.py). Unless asked for the drafter (a --tree that needs it, --drafter)."""
-    opts, files = plan.options, plan.files
-    if opts.keep_drafter or opts.drafter is not None or profile is None:
-        return plan, None
-    lean = plan_load(opts, replace(files, drafter=None), process, answers, tokenizer, status)
-    saved = AlonePass.from_dict(profile.alone)
-    if saved is None or saved.curve is None or not saved.times(lean.memory.kept_layer_count):  # once per profile (and
-        time_alone_into(profile, lean, None, status)  # drafter-less plan): the streaming profile's child measured the drafter's side
-    if opts.keep_drafter is False:  # --drop-drafter (its planner sizes free rounds on the timed passes)
-        return lean, None
-    books = load_book(files.name, regime_of(profile_backends(plan))), load_book(files.name, regime_of(profile_backends(lean)))
-    layers, p_rank = plan.memory.kept_layer_count, AcceptanceTracker.load(files.name).p_rank
-    choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
-    if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
-        time_alone_into(profile, lean, AlonePass.from_dict(profile.alone), status)
-        choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
-    return (plan if choice is None or choice.keep else lean), choice
-
-
-def drafterless_curve(profile, plan: LoadPlan) -> LatencyCurve | None:
-    """A load without the drafter model that streams: its passes as timed for this plan (AlonePass),
-    what its planner sizes free rounds on; None where the drafter is loaded or nothing timed it."""
-    if profile is None or plan.files.drafter is not None or plan.memory is None:
-        return None
-    alone = AlonePass.from_dict(profile.alone)
-    return alone.lean_curve() if alone is not None and alone.times(plan.memory.kept_layer_count) else None
-
-
-def time_alone_into(profile, lean: LoadPlan, earlier: AlonePass | None, status=None) -> None:
-    """Time the drafter-less pass (loading.time_alone) and save it in the profile: alone, or folded
-    into the `earlier` timings (the mean of the last few decides)."""
-    if status is not None:
-        status("timing the target without the drafter" + (" again" if earlier is not None else ""))
-    timed = time_alone(lean)
-    profile.alone = (earlier.folded(timed) if earlier is not None else timed).to_dict()
-    save_profile(profile)

@@ -1,6 +1,6 @@
 """Layers kept in the faster tier, spread evenly through the stack, so that while one of them computes
 the next streamed ones are read (or copied) beside it: a streaming llama.cpp target's layers kept in
-RAM (plan/memory.py) and a torch target's layers resident on the GPU or in RAM (offload/placement.py)."""
+RAM (loading/memory.py) and a torch target's layers resident on the GPU or in RAM (offload/placement.py)."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ import argparse
 from ondevice.catalog.hub import local_path
 from ondevice.catalog.pairs import load_pair
 from ondevice.draft.llama_drafter import LlamaDrafter
-from ondevice.engine import SpecEngine, Step
-from ondevice.prompt.sets import SETS
+from ondevice.decode.engine import SpecEngine, Step
+from ondevice.bench.prompt_sets import SETS
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.protocols import DraftSpec
-from ondevice.target.llama_target import LlamaTarget
+from ondevice.decode.protocols import DraftSpec
+from ondevice.targets.llama_target import LlamaTarget
 
 
 def run(target_path, drafter_path, prompts: list[str], grow: int, budget: int, max_tokens: int) -> dict:

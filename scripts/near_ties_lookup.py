@@ -14,9 +14,9 @@ import sys
 import ondevice
 from ondevice.catalog.choose import choose
 from ondevice.eval.numerics import greedy_misses, pass_noise
-from ondevice.prompt.sets import SETS, messages
-from ondevice.protocols import DraftSpec
-from ondevice.target.llama_target import LlamaTarget
+from ondevice.bench.prompt_sets import SETS, messages
+from ondevice.decode.protocols import DraftSpec
+from ondevice.targets.llama_target import LlamaTarget
 
 
 def tokens(pipe, prompt, spec) -> list[int]:

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
-from ondevice.target.llama_target import LlamaTarget
-from ondevice.tree import DraftTree
+from ondevice.targets.llama_target import LlamaTarget
+from ondevice.decode.tree import DraftTree
 
 DEFAULT_TARGET = Path.home() / ".cache/ondevice/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 

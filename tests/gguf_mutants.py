@@ -1,4 +1,4 @@
-"""Malformed GGUF files for tests: named hostile cases, and seeded mutants of a valid tiny model.
+"""Malformed GGUF files for tests: the named cases (each a way a GGUF file can be malformed), and seeded mutants of a valid tiny model.
 
 `header_fields(data)` walks a valid GGUF header on its own (not with ondevice's reader, which is what
 the tests check) and lists every integer field: counts, lengths, value types, scalar values, dims,

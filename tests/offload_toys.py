@@ -4,7 +4,7 @@
 stores a stack's matrices in a mix of GGUF types — Q8_0 / Q5_0 made by gguf's own quantizer, Q4_K /
 Q6_K as random blocks with finite scales (gguf cannot quantize K-quants), F16, F32 — and
 `toy_stack_from_gguf` is the resident reference: every tensor dequantized by gguf's numpy code and
-cast to the dtype, the way `ondevice.target.weights` loads a model.
+cast to the dtype, the way `ondevice.targets.weights` loads a model.
 """
 
 from __future__ import annotations

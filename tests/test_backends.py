@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from ondevice import loading, pipeline
+from ondevice import pipeline
+from ondevice.loading import choices, options
 from ondevice.errors import OndeviceError
 from ondevice.plan import profile as profile_store
 from ondevice.plan.backends import backend_options, best_backends
@@ -88,8 +89,8 @@ def test_profile_measures_the_loaded_backends_then_adds_the_others_once(tmp_path
 def test_pipeline_loads_the_backends_the_profile_found_fastest(tmp_path, monkeypatch):
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     write_tiny_pair(tmp_path, arch="llama", head_scale=3.0)
-    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256)
-    backends = loading.load_backends(opts)
+    opts = options.LoadOptions(model="tiny", threads=1, ctx=256)
+    backends = choices.load_backends(opts)
     assert (backends.target_name, backends.drafter_name) == ("llama", "llama")  # nothing measured yet: llama.cpp
     assert set(backends.other_targets) == {"onnx"} and set(backends.other_drafters) == {"onnx"} and backends.key == "cpu-t1"
     saved = fake_profile({"llama": STEEP, "onnx": FLAT}, {"llama": SLOW_DRAFT, "onnx": FAST_DRAFT})
@@ -100,13 +101,13 @@ def test_pipeline_loads_the_backends_the_profile_found_fastest(tmp_path, monkeyp
         assert pipe.target_backend == "onnx" and pipe.info["drafter_backend"] == "onnx"
         assert type(pipe.engine.target).__name__ == "OnnxTarget"
         assert type(pipe.engine.drafter.model).__name__ == "OnnxDrafter"
-    with pipeline.load_pipeline(loading.LoadOptions(model="tiny", threads=1, ctx=256, drafter_backend="llama")) as pipe:
+    with pipeline.load_pipeline(options.LoadOptions(model="tiny", threads=1, ctx=256, drafter_backend="llama")) as pipe:
         assert pipe.target_backend == "onnx" and pipe.info["drafter_backend"] == "llama"  # the target still auto
 
 
 def test_unknown_drafter_backend_is_one_clear_error():
     with pytest.raises(OndeviceError, match="drafter backend 'tpu'"):
-        loading.LoadOptions(drafter_backend="tpu").checked()
+        options.LoadOptions(drafter_backend="tpu").checked()
 
 
 def test_bench_compares_backend_pairs_in_one_run(tmp_path):

@@ -13,8 +13,8 @@ from scipy.special import log_softmax
 from ondevice.draft.builders import Round, build_best_first, build_chain, build_multi_seq
 from ondevice.draft.model_drafter import check_spec
 from ondevice.errors import OndeviceError
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
 
 # --- a synthetic LM: next-token logits depend on the last token only ---------------------------
 

@@ -14,8 +14,8 @@ import pytest
 from ondevice.draft.calibrate import SourceRecord
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.draft.router import DraftRouter
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import DraftSpec, Drafter
+from ondevice.decode.tree import DraftTree
 
 
 def random_tree(rng, vocab: int, n: int) -> DraftTree:
@@ -84,7 +84,7 @@ def test_a_source_is_priced_by_its_record_not_its_guess(truth):
     assert np.allclose(np.exp(np.diff(priced.logprobs)), record.rate("liar", math.log(0.95)))
 
 
-class FreeTreeDrafter:
+class FreeTreeDrafter(Drafter):
     n_vocab = 400
 
     def __init__(self):

@@ -10,7 +10,7 @@ import pytest
 
 from ondevice.draft.builders import Round, build_best_first
 from ondevice.draft.llama_drafter import LlamaDrafter
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from test_builders import MarkovLM, exact_top_nodes, token_paths
 from test_llama_drafter import scored_top_paths
 from tiny_models import write_tiny_gguf

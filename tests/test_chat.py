@@ -16,7 +16,7 @@ import pytest
 
 import ondevice
 from ondevice.cli.chat_cmd import fit_history
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from tiny_models import write_tiny_pair
 
 CTRL_C, CTRL_D = b"\x03", b"\x04"

@@ -113,7 +113,7 @@ def test_generate_json_speculative_equals_no_draft(real_pair):
     assert spec["target_passes"] < plain["target_passes"] and spec["tree"] == "chain"
     if spec["token_ids"] != plain["token_ids"]:  # allowed only at near-ties (batched passes: other kernels)
         from ondevice.eval.numerics import greedy_misses, pass_noise
-        from ondevice.target.llama_target import LlamaTarget
+        from ondevice.targets.llama_target import LlamaTarget
 
         target, prompt = LlamaTarget(real_pair.target, n_ctx=1024, threads=2), plain["prompt_token_ids"]
         noise = pass_noise(target, prompt, plain["token_ids"], range(2, 6))  # this machine's, passes <= 5
@@ -126,3 +126,24 @@ def test_generate_json_speculative_equals_no_draft(real_pair):
 def test_prompt_longer_than_context_is_one_line_error(real_pair):
     result = ondevice("generate", "word " * 300, "--ctx", "128", "--target-backend", "llama", "--no-draft")
     assert_one_line_error(result, "context")
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_models_fits_the_terminal_with_every_name_whole_and_where_each_target_would_live(tmp_path, columns):
+    """At 80 columns (two lines per pair) and at 200 (one line): no line wider than the terminal,
+    every catalog pair's name whole at the start of its row, and the "on this machine" column there."""
+    from ondevice.catalog.pairs import list_pairs
+
+    run = ondevice("models", env={**empty_home(tmp_path), "COLUMNS": str(columns)})
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    names = [pair.name for pair in list_pairs()]
+    last = max(i for i, line in enumerate(lines) if line.strip().split("  ")[0].removesuffix(" *") in names)
+    end = next((i for i in range(last + 1, len(lines)) if not lines[i].strip()), len(lines))  # the stores' listing follows
+    assert all(len(line) <= columns for line in lines[:end]), run.stdout
+    rows = [line.strip() for line in lines]
+    assert any(row.startswith("name") and row.endswith("on this machine") for row in rows)
+    starts = {row.split("  ")[0].removesuffix(" *") for row in rows}
+    for pair in list_pairs():
+        assert pair.name in starts, f"{pair.name} is not whole at the start of a row:\n{run.stdout}"
+        assert any(row.startswith(pair.name) and ("RAM" in row or "disk" in row) for row in rows)  # its place, on its line

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ondevice.engine import RoundReport
+from ondevice.decode.engine import RoundReport
 from ondevice.plan import auto as autoplan
 from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, arm_of, load_book, save_book
 from ondevice.plan.curve import Curves, LatencyCurve
-from ondevice.protocols import FREE_BUILDERS as FREE, TARGET_FREE, DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import FREE_BUILDERS as FREE, TARGET_FREE, DraftSpec
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling
 
 
 @dataclass

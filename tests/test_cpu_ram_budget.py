@@ -1,5 +1,5 @@
 """On a CPU, --ram-memory is all the memory the torch target may use: what does not fit streams from
-disk (not every layer placed in RAM whatever the budget)."""
+disk (never every layer in RAM whatever the budget)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tiny_models
-from ondevice.target.offloaded import load_offloaded_target, plan_offload
-from ondevice.target.torch_target import TorchTarget
+from ondevice.targets.offloaded import load_offloaded_target, plan_offload
+from ondevice.targets.torch_target import TorchTarget
 from test_offload_target import N_CTX, N_LAYERS, run_and_compare
 
 

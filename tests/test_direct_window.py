@@ -1,4 +1,4 @@
-"""target/direct_window.py: a streaming target's layers read with O_DIRECT into reused slots. The
+"""targets/direct_window.py: a streaming target's layers read with O_DIRECT into reused slots. The
 logits equal the target's without a window (also with a slow disk, and when reads fail and the file is
 mapped back); the reader never runs more slots ahead of llama.cpp than the memory plan's room."""
 
@@ -14,10 +14,10 @@ import pytest
 import tiny_models
 from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.machine.ram import peak_rss
-from ondevice.target import direct_window
-from ondevice.target.direct_window import DirectWindow, direct_reads_work
-from ondevice.target.llama_target import LlamaTarget
-from ondevice.tree import DraftTree
+from ondevice.targets import direct_window
+from ondevice.targets.direct_window import DirectWindow, direct_reads_work
+from ondevice.targets.llama_target import LlamaTarget
+from ondevice.decode.tree import DraftTree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_DIRECT, memfd and MAP_FIXED are Linux-only")
 N_LAYERS = 6

@@ -1,4 +1,4 @@
-"""The drafter's RAM or the target's layers (plan/drafter_room.py): the comparison trusts what was
+"""The drafter's RAM or the target's layers (loading/drafter_room.py): the comparison trusts what was
 measured over what is predicted, and on a tiny pair whose target streams, the load leaves the
 drafter out where the target alone measured faster — its answers still the target alone's — and
 keeps it where speculation measured faster, or where asked."""
@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 import ondevice
-from ondevice import loading, pipeline
+from ondevice.catalog.choose import choose
+from ondevice.loading import choices, options, profiling
 from ondevice.cli.decoding import keeping_drafter
 from ondevice.errors import OndeviceError
 from ondevice.plan.acceptance import default_p_rank
@@ -19,11 +20,11 @@ from ondevice.plan.arms import ArmBook, Tally, book_path, load_book, save_book
 from ondevice.plan.auto import regime_of
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import Curves, pass_sizes
-from ondevice.plan.drafter_room import MAX_TIMINGS, MEASURED_TOKENS, UNSURE, AlonePass, best_measured, choose_drafter
+from ondevice.loading.drafter_room import MAX_TIMINGS, MEASURED_TOKENS, UNSURE, AlonePass, best_measured, choose_drafter
 from ondevice.plan.profile import Profile
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET
-from ondevice.protocols import FREE_TREE_NODES, DraftSpec
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import FREE_TREE_NODES, DraftSpec
+from ondevice.decode.verify import Sampling
 
 from test_backends import FAST_DRAFT, curve
 from test_streaming_pipeline import MESSAGES, answer, stream_tiny_target, tiny_home  # noqa: F401 - a fixture
@@ -108,7 +109,7 @@ def test_a_timing_of_another_drafter_less_plan_is_timed_afresh():
 
 
 def test_a_tree_that_needs_the_drafter_keeps_it_and_contradicts_drop_drafter():
-    load = loading.LoadOptions()
+    load = options.LoadOptions()
     assert keeping_drafter(load, [DraftSpec("auto", 0), None]).keep_drafter is None  # the load decides
     assert keeping_drafter(load, [DraftSpec("lookup", 8)]).keep_drafter is None  # free drafts need no model
     assert keeping_drafter(load, [DraftSpec("lookup", 20), DraftSpec("suffix", 4)]).free_tree_nodes == 21  # the largest, with its root
@@ -116,7 +117,7 @@ def test_a_tree_that_needs_the_drafter_keeps_it_and_contradicts_drop_drafter():
     assert keeping_drafter(load, [DraftSpec("best-first", 8)]).keep_drafter is True
     assert keeping_drafter(load, [DraftSpec("auto", 8)]).keep_drafter is True  # auto held to --budget: the drafter's trees
     with pytest.raises(OndeviceError, match="--drop-drafter"):
-        keeping_drafter(loading.LoadOptions(keep_drafter=False), [DraftSpec("chain", 4)])
+        keeping_drafter(options.LoadOptions(keep_drafter=False), [DraftSpec("chain", 4)])
 
 
 def test_a_regime_without_the_drafter_model_is_booked_apart():
@@ -132,11 +133,11 @@ def test_a_regime_without_the_drafter_model_is_booked_apart():
 
 def regimes(home) -> tuple[str, str]:
     """The planner's regimes of the tiny pair streamed with its drafter and without it."""
-    opts = loading.LoadOptions(model="tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
-    files = pipeline.choose("tiny", None, None, True)
-    plan = loading.plan_load(opts, files, 200 << 20)
-    lean = loading.plan_load(opts, loading.replace(files, drafter=None), 200 << 20)
-    return regime_of(loading.profile_backends(plan)), regime_of(loading.profile_backends(lean))
+    opts = options.LoadOptions(model="tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
+    files = choose("tiny", None, None, True)
+    plan = choices.plan_load(opts, files, 200 << 20)
+    assert plan.lean is not None and plan.lean.files == replace(files, drafter=None)  # planned with it, not loaded again
+    return regime_of(profiling.profile_backends(plan)), regime_of(profiling.profile_backends(plan.lean))
 
 
 def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_measured_faster(tiny_home, monkeypatch):  # noqa: F811
@@ -248,7 +249,7 @@ def test_a_drafter_kept_on_a_prediction_is_left_out_once_measured_slower(tiny_ho
 
 def test_bench_runs_auto_on_a_pipeline_without_the_drafter_model(tiny_home, monkeypatch):  # noqa: F811
     from ondevice.cli.bench_cmd import bench_specs
-    from ondevice.verify import Sampling
+    from ondevice.decode.verify import Sampling
 
     stream_tiny_target(tiny_home, monkeypatch)
     with ondevice.load("tiny", target_backend="llama", threads=1, ctx=256, keep_drafter=False) as pipe:  # --drop-drafter

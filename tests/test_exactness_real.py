@@ -19,14 +19,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ondevice.engine
-from ondevice.engine import SpecEngine, Step
-from ondevice.prompt import sets as prompts
+import ondevice.decode.engine
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import collect
+from ondevice.bench import prompt_sets as prompts
 from ondevice.eval.numerics import greedy_misses, pass_noise
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.tree import DraftTree
-from ondevice.verify import Verdict
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Verdict
 
 pytestmark = pytest.mark.real
 
@@ -61,7 +62,7 @@ def drafter(real_pair):
 
 def make_target(backend: str, path):
     if backend.startswith("llama"):
-        from ondevice.target.llama_target import LlamaTarget
+        from ondevice.targets.llama_target import LlamaTarget
 
         if backend == "llama-stream":  # as the memory plan streams it: the LM head and the first layers kept, read with O_DIRECT
             return LlamaTarget(path, n_ctx=1024, threads=2, max_tree_nodes=64, n_ubatch=256, streams=True, window=2,
@@ -71,7 +72,7 @@ def make_target(backend: str, path):
         from ondevice.onnx.target import OnnxTarget
 
         return OnnxTarget.from_gguf(path, n_ctx=1024, threads=2)
-    from ondevice.target.torch_target import TorchTarget
+    from ondevice.targets.torch_target import TorchTarget
 
     return TorchTarget.from_gguf(path, device="cpu", n_ctx=1024, threads=2)
 
@@ -82,11 +83,7 @@ def chat_ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 def decode(engine: SpecEngine, ids: list[int], spec: DraftSpec | None, n: int = N_TOKENS) -> list[int]:
     engine.cached = []
-    out = []
-    for item in engine.generate(ids, n, spec=spec):
-        if isinstance(item, Step):
-            out += item.tokens
-    return out
+    return collect(engine.generate(ids, n, spec=spec))[0]
 
 
 def unexplained(target, ids: list[int], out: list[int], reference: list[int], noise: float) -> tuple[list[int], list[int]]:
@@ -175,7 +172,7 @@ def llama_case(real_pair, tokenizer):
 
 def test_the_check_catches_a_verifier_that_accepts_wrong_drafts(llama_case, tokenizer, drafter, monkeypatch):
     target, ids, alone, noise = llama_case
-    monkeypatch.setattr(ondevice.engine, "verify", accept_the_first_chain)
+    monkeypatch.setattr(ondevice.decode.engine, "verify", accept_the_first_chain)
     out = decode(SpecEngine(target, drafter, tokenizer.is_end), ids, DraftSpec("chain", 4), 48)
     assert out != alone
     assert unexplained(target, ids, out, alone, noise)[1], "a verifier accepting wrong drafts passed the check"

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ondevice.engine import RoundReport
+from ondevice.decode.engine import RoundReport
 from ondevice.plan import auto as autoplan
 from ondevice.plan.arms import arm_of
 from ondevice.draft.lookup import PromptLookupDrafter
@@ -16,9 +16,9 @@ from ondevice.plan.fallback import LookupTracker, fallback_plan, follow, lookup_
 from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
 from ondevice.plan.acceptance import default_p_rank
 from ondevice.plan.cost_model import choose_plan
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling
 
 
 # --- the fallback choice ----------------------------------------------------------------------

@@ -14,8 +14,8 @@ import pytest
 from ondevice.catalog.pairs import list_pairs, load_pair
 from ondevice.bench.runner import BenchResult
 from ondevice.bench.measured import record_bench
-from ondevice.engine import Stats
-from ondevice.loading import LoadOptions
+from ondevice.decode.engine import Stats
+from ondevice.loading.options import LoadOptions
 from ondevice.synthetic.forecast import forecast, forecast_measured, plan_config
 from ondevice.machine.facts import default_threads, machine_facts
 from ondevice.plan.curve import LatencyCurve

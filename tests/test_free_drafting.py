@@ -14,10 +14,11 @@ from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.draft.recycle import TOP_K
 from ondevice.draft.router import DraftRouter
-from ondevice.engine import SpecEngine, Step
-from ondevice.protocols import DEFAULT_BUDGET, DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, target_probs, verify_sequoia
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import collect
+from ondevice.decode.protocols import DEFAULT_BUDGET, DraftSpec, Drafter
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, target_probs, verify_sequoia
 from tiny_models import write_tiny_gguf
 
 PROMPTS = [[5, 60, 61, 7, 200, 33, 5, 60, 61, 7], [300, 12, 12, 99, 5, 60, 61, 7, 200]]  # the second repeats the first
@@ -34,13 +35,7 @@ def tiny_dir(tmp_path_factory):
 
 def decode(engine: SpecEngine, prompt, n, spec=None, sampling=Sampling(), rule="specexec"):
     engine.cached = []
-    out, stats = [], None
-    for item in engine.generate(prompt, n, sampling, spec, rule):
-        if isinstance(item, Step):
-            out += item.tokens
-        else:
-            stats = item
-    return out, stats
+    return collect(engine.generate(prompt, n, sampling, spec, rule))
 
 
 def never_ends(token: int) -> bool:
@@ -62,7 +57,7 @@ def test_free_and_hybrid_trees_decode_exactly_what_the_target_alone_does(tiny_di
     """Greedy: the target's argmaxes. SpecExec sampling: one target draw per emitted token whatever the
     tree, so with the same seed the very same tokens. Two answers in one session: the second prompt
     repeats the first, so the session's history (suffix, recycled candidates) is what drafts."""
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     target = LlamaTarget(tiny_dir / f"{arch}.gguf", n_ctx=512, threads=1)
     drafter = LlamaDrafter(tiny_dir / f"{arch}-twin.gguf", n_ctx=512, threads=1) if builder == "hybrid" else None
@@ -84,7 +79,7 @@ def test_free_and_hybrid_trees_decode_exactly_what_the_target_alone_does(tiny_di
 def test_sequoia_rule_verifies_the_free_builders_trees(tiny_dir, builder):
     """sample_children: suffix and recycle give their best chain with point-mass q, hybrid the model's
     sampled tree alone; the Sequoia rule (which refuses a tree without q) runs through."""
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     target = LlamaTarget(tiny_dir / "llama.gguf", n_ctx=512, threads=1)
     drafter = LlamaDrafter(tiny_dir / "llama-twin.gguf", n_ctx=512, threads=1) if builder == "hybrid" else None
@@ -131,7 +126,7 @@ class RecordedTarget:
 
 
 def test_the_engine_teaches_recycling_the_targets_top_k_after_every_drafted_pass(tiny_dir):
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     target = RecordedTarget(LlamaTarget(tiny_dir / "llama.gguf", n_ctx=512, threads=1))
     route = router(target)
@@ -160,7 +155,7 @@ def test_the_engine_teaches_recycling_the_targets_top_k_after_every_drafted_pass
 # --- routing --------------------------------------------------------------------------------------
 
 
-class RecordingDrafter:
+class RecordingDrafter(Drafter):
     n_vocab = 400
 
     def __init__(self):
@@ -213,9 +208,9 @@ def test_hybrid_and_suffix_equal_the_target_alone_on_an_agent_turn_real(real_pai
     target alone's, every token from there on must be the target's own argmax after its prefix unless
     the margin is below this machine's batch noise for passes of that size (eval/numerics.py)."""
     from ondevice.eval.numerics import greedy_misses, pass_noise
-    from ondevice.prompt.sets import AGENT_EVAL
+    from ondevice.bench.prompt_sets import AGENT_EVAL
     from ondevice.prompt.tokenizer import Tokenizer
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     tokenizer = Tokenizer(real_pair.target)
     target = LlamaTarget(real_pair.target, n_ctx=2048, threads=2)

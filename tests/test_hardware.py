@@ -15,7 +15,8 @@ from ondevice.machine.facts import machine_facts, measure_disk_read, measure_ram
 from ondevice.plan.curve import LatencyCurve, pass_sizes
 from ondevice.plan.latency import measure_drafter_curve, measure_target_curve
 from ondevice.plan.profile import ProfileBackends, get_profile
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.protocols import Target
 
 
 def test_facts_are_sane():
@@ -62,7 +63,7 @@ def test_curve_interpolates_between_and_extrapolates_beyond():
         LatencyCurve((4, 1), (0.1, 0.2))
 
 
-class SleepyTarget:
+class SleepyTarget(Target):
     """A protocols.Target whose pass over n nodes sleeps 1 ms + 0.1 ms per node."""
 
     n_vocab = 100

@@ -281,7 +281,7 @@ def test_models_says_where_the_target_would_live_by_the_memory_plan(fake_hub, tm
     from tiny_models import write_tiny_gguf
 
     from ondevice.cli.placement_view import model_size, target_place
-    from ondevice.plan.memory import plan_memory
+    from ondevice.loading.memory import plan_memory
     from ondevice.machine.ram import RamBudget
 
     home = tmp_path / "home"
@@ -306,8 +306,8 @@ def test_models_gpu_column_is_the_loaders_placement(fake_hub, tmp_path, monkeypa
     import tiny_models
 
     from ondevice.cli.placement_view import gpu_place
-    from ondevice.target.offloaded import plan_offload
-    from ondevice.protocols import MAX_BUDGET
+    from ondevice.targets.offloaded import plan_offload
+    from ondevice.decode.protocols import MAX_BUDGET
 
     home = tmp_path / "home"
     monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 8)

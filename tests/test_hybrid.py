@@ -18,8 +18,8 @@ from ondevice.draft import hybrid
 from ondevice.draft.builders import Round
 from ondevice.draft.hybrid import build_hybrid
 from ondevice.draft.llama_drafter import LlamaDrafter
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
 from test_builders import MarkovLM, exact_top_nodes, token_paths
 from tiny_models import write_tiny_gguf
 

@@ -57,7 +57,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
 
 def folder_of(module: str) -> str:
     """The folder a module lives in (`ondevice.plan.auto` → `ondevice.plan`); a top-level module or
-    package is its own unit (`ondevice.engine`, `ondevice.plan`)."""
+    package is its own unit (`ondevice.decode.engine`, `ondevice.plan`)."""
     parts = module.split(".")
     return ".".join(parts[:2])
 

@@ -1,4 +1,4 @@
-"""ondevice/kvcache.py, and the targets that keep their slots with it (torch, ONNX).
+"""ondevice/decode/kvcache.py, and the targets that keep their slots with it (torch, ONNX).
 
 References: entries moved by hand, one at a time, from a copy of the arrays; and a target built
 from scratch on the tokens a cache kept (after a commit or a rollback), whose logits the reused
@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.kvcache import CachedContext, TreeSlots, is_root_path, kept_prefix, move_entries
+from ondevice.decode.kvcache import CachedContext, TreeSlots, is_root_path, kept_prefix, move_entries
 from ondevice.draft.search_tree import SearchTree
 from ondevice.onnx import export as ex
 from ondevice.onnx.decoder import OnnxDecoder
 from ondevice.onnx.target import OnnxTarget
-from ondevice.target.torch_target import TorchTarget
-from ondevice.tree import DraftTree
+from ondevice.targets.torch_target import TorchTarget
+from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]

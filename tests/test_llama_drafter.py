@@ -10,8 +10,8 @@ from scipy.special import log_softmax
 
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.errors import OndeviceError
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
 from test_builders import token_paths
 from tiny_models import write_tiny_gguf
 
@@ -59,7 +59,7 @@ def test_best_first_on_llama_cpp_equals_exhaustive_search(tiny_drafter, tiny_pat
 def scored_top_paths(model_path, context: list[int], budget: int, temperature: float) -> set[tuple[int, ...]]:
     """The `budget` most likely token paths after `context`, each path scored by a LlamaTarget
     decoding it (the independent reference for the drafter's best-first search)."""
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     scorer = LlamaTarget(model_path, n_ctx=256, threads=1)
     scorer.prefill(context[:-1])
@@ -81,7 +81,7 @@ def scored_top_paths(model_path, context: list[int], budget: int, temperature: f
 
 def test_release_cuts_branches_and_later_expansions_still_see_their_path(tiny_drafter, tiny_path):
     from ondevice.draft.search_tree import SearchTree
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     cache, context = tiny_drafter.cache, [8, 6, 7, 5]
     cache.sync(context)
@@ -136,7 +136,7 @@ def test_probe_batch_leaves_the_cache_as_it_was(tiny_drafter):
 
 def test_vocab_trimmed_drafter_drafts_the_full_models_best_kept_tokens(tmp_path):
     from ondevice.vocabtrim.build import build_trimmed
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", vocab=320)
     keep = np.union1d(np.arange(0, 320, 3), [*range(256, 320, 2), 319])  # some bytes, some merges, the EOS
@@ -212,8 +212,8 @@ def test_chain_equals_llama_cpp_greedy_generation(real_pair, real_drafter, promp
     ours = tree.tokens[1:].tolist()
     if ours != reference:  # the prompt is read in other batches: allowed only at a near-tie of llama.cpp's logits
         from ondevice.eval.numerics import pass_noise
-        from ondevice.reference import greedy_reference
-        from ondevice.target.llama_target import LlamaTarget
+        from ondevice.decode.reference import greedy_reference
+        from ondevice.targets.llama_target import LlamaTarget
 
         i = next(i for i, (a, b) in enumerate(zip(ours, reference)) if a != b)
         llm = llama_cpp_greedy(real_pair.drafter, prompt_ids, 0, logits_all=True)

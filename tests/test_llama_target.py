@@ -7,9 +7,9 @@ import pytest
 
 from ondevice.errors import OndeviceError
 from ondevice.eval.numerics import batch_noise_by_size
-from ondevice.target import llama_target
-from ondevice.target.llama_target import LlamaTarget, leaf_sequences
-from ondevice.tree import DraftTree
+from ondevice.targets import llama_target
+from ondevice.targets.llama_target import LlamaTarget, leaf_sequences
+from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf
 
 # root → a → b;  root → c → d;  c → e   (5 drafted nodes, 3 leaves)
@@ -43,12 +43,13 @@ def random_tree(n: int, vocab: int, seed: int) -> DraftTree:
 def test_greedy_reference_is_the_engine_alone_and_stops_after_the_end_token(tiny_path):
     """reference.greedy_reference (VocabTrim calibration, exactness tests) against the engine
     decoding with the target alone: same tokens; with is_end it stops right after the first end."""
-    from ondevice.engine import SpecEngine, Step
-    from ondevice.reference import greedy_reference
+    from ondevice.decode.engine import SpecEngine
+    from ondevice.decode.stats import collect
+    from ondevice.decode.reference import greedy_reference
 
     target, prompt = LlamaTarget(tiny_path, n_ctx=128, threads=1), [5, 60, 61, 7, 200]
     engine = SpecEngine(target, None, lambda token: False)
-    alone = [t for item in engine.generate(prompt, 24) if isinstance(item, Step) for t in item.tokens]
+    alone = collect(engine.generate(prompt, 24))[0]
     assert greedy_reference(target, prompt, 24) == alone
     end = alone[9]  # call the 10th token the end of the turn
     assert greedy_reference(target, prompt, 24, is_end=lambda token: token == end) == alone[: alone.index(end) + 1]

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from ondevice.engine import SpecEngine, Step
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import collect
 from ondevice.errors import OndeviceError
 from ondevice.bench import llamacpp_rows
 from ondevice.eval import llamacpp_rows as rows_script
-from ondevice.target.llama_target import LlamaTarget
+from ondevice.targets.llama_target import LlamaTarget
 from ondevice.catalog.choose import choose
-from ondevice.prompt.sets import CODE_EVAL
+from ondevice.bench.prompt_sets import CODE_EVAL
 from ondevice.prompt.tokenizer import Tokenizer
 from tiny_models import write_tiny_gguf, write_tiny_pair
 
@@ -36,7 +37,7 @@ def never_ends(token: int) -> bool:
 
 def ondevice_alone(path, prompt, n) -> list[int]:
     engine = SpecEngine(LlamaTarget(path, n_ctx=256, threads=1), None, never_ends)
-    return [t for item in engine.generate(prompt, n) if isinstance(item, Step) for t in item.tokens]
+    return collect(engine.generate(prompt, n))[0]
 
 
 @pytest.mark.parametrize("name", ["llama-cpp", "llama-cpp-spec@3"])
@@ -66,7 +67,7 @@ def test_the_rows_run_in_a_process_of_their_own_from_the_command_line(tmp_path, 
     tokenizer = Tokenizer(models.target)
     ids = tokenizer.encode_user(CODE_EVAL[0])
     engine = SpecEngine(LlamaTarget(models.target, n_ctx=512, threads=1), None, tokenizer.is_end)
-    reference = [t for item in engine.generate(ids, 12) if isinstance(item, Step) for t in item.tokens]
+    reference = collect(engine.generate(ids, 12))[0]
     assert row["outputs"] == [reference] and row["config"] == "llama-cpp-python, target alone"
     assert row["tokens"] == len(reference) - 1 and row["peak_rss_bytes"] > 0
 

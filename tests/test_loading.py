@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import ondevice
-from ondevice import loading
-from ondevice.plan.memory import ModelSize
+from ondevice.loading import options
+from ondevice.loading import plan as load_plan
+from ondevice.loading.memory import ModelSize
 from tiny_models import write_tiny_pair
 
 
@@ -24,7 +25,7 @@ def tiny_home(tmp_path, monkeypatch):
 def counted(monkeypatch):
     """The memory plans computed and the GGUF headers read for a plan, as they happen."""
     plans, headers = [], []
-    plan_memory, from_gguf = loading.plan_memory, ModelSize.from_gguf.__func__
+    plan_memory, from_gguf = load_plan.plan_memory, ModelSize.from_gguf.__func__
 
     def counted_plan(*args, **kwargs):
         plans.append(args)
@@ -34,7 +35,7 @@ def counted(monkeypatch):
         headers.append(Path(path).name)
         return from_gguf(cls, path)
 
-    monkeypatch.setattr(loading, "plan_memory", counted_plan)
+    monkeypatch.setattr(load_plan, "plan_memory", counted_plan)
     monkeypatch.setattr(ModelSize, "from_gguf", classmethod(counted_header))
     return plans, headers
 
@@ -50,5 +51,5 @@ def test_a_load_plans_its_memory_once_and_reads_each_header_once(tiny_home, coun
 
 
 def test_answer_data_is_not_a_load_option():
-    fields = set(loading.LoadOptions.__dataclass_fields__)
+    fields = set(options.LoadOptions.__dataclass_fields__)
     assert not fields & {"prompts", "max_tokens"}  # they go to load_pipeline as `Answers`, only to size a streaming target's context

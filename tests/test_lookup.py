@@ -12,13 +12,14 @@ from ondevice.cli.decoding import make_spec
 from ondevice.draft.model_drafter import check_spec
 from ondevice.draft.lookup import PromptLookupDrafter, find_matches
 from ondevice.draft.router import DraftRouter
-from ondevice.engine import SpecEngine, Step
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import collect
 from ondevice.errors import OndeviceError
 from ondevice.eval.numerics import greedy_misses, pass_noise
 from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, target_probs, verify_sequoia, verify_specexec
+from ondevice.decode.protocols import DraftSpec, Drafter
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, target_probs, verify_sequoia, verify_specexec
 from tiny_models import write_tiny_gguf
 
 LOOKUP = DraftSpec("lookup", 6)
@@ -153,7 +154,7 @@ def test_sequoia_rule_without_q_is_refused():
 
 
 # --- routing ----------------------------------------------------------------------------------
-class RecordingDrafter:
+class RecordingDrafter(Drafter):
     n_vocab = 400
 
     def __init__(self):
@@ -194,13 +195,7 @@ def tiny_paths(tmp_path_factory):
 
 def decode(engine: SpecEngine, prompt: list[int], n: int, spec, sampling=Sampling()):
     engine.cached = []
-    tokens, stats = [], None
-    for item in engine.generate(prompt, n, sampling, spec):
-        if isinstance(item, Step):
-            tokens += item.tokens
-        else:
-            stats = item
-    return tokens, stats
+    return collect(engine.generate(prompt, n, sampling, spec))
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -208,7 +203,7 @@ def decode(engine: SpecEngine, prompt: list[int], n: int, spec, sampling=Samplin
 def test_lookup_decoding_equals_the_target_alone_tiny(tiny_paths, arch, temperature):
     """Greedy: the same argmaxes. SpecExec sampling: one target draw per emitted token whatever the
     tree, so with the same seed even the samples are the same."""
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     target = LlamaTarget(tiny_paths[arch], n_ctx=512, threads=1)
     engine = SpecEngine(target, DraftRouter(None, PromptLookupDrafter(target.n_vocab)), lambda t: t == 319)
@@ -239,7 +234,7 @@ def test_lookup_equals_target_alone_on_a_code_rewrite_real(real_pair, model, cap
     passes run other kernels than one-token passes (bit-exact on some CPUs, not on others), so where
     the answers differ, every token of the lookup answer must be the target alone's argmax after its
     own prefix unless the margin there is below this machine's batch noise for passes of 7 tokens."""
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
     from ondevice.prompt.tokenizer import Tokenizer
 
     path = getattr(real_pair, model)

@@ -14,7 +14,7 @@ import pytest
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.errors import OndeviceError
 from ondevice.machine import ram
-from ondevice.plan.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
+from ondevice.loading.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
 from ondevice.spread import spread, spread_layers
 from ondevice.machine.ram import RamBudget
 from tiny_models import tiny_config, write_tiny_gguf
@@ -300,7 +300,8 @@ def test_the_plan_counts_the_drafter_whichever_backend_runs_it(tiny, drafter_bac
     """An ONNX drafter holds its weights in RAM too: a plan that left it out kept target layers in
     the RAM the drafter needs (measured: 25 of 28 layers planned, passes 1.5× slower)."""
     from ondevice.catalog.hub import PairFiles
-    from ondevice.loading import LoadOptions, MemoryPlans
+    from ondevice.loading.options import LoadOptions
+    from ondevice.loading.plan import MemoryPlans
 
     models = PairFiles(name="tiny", description="tiny", target=tiny, drafter=tiny)
     alone = MemoryPlans(PairFiles(name="tiny", description="tiny", target=tiny, drafter=None), LoadOptions(target_backend="llama")).plan("llama")

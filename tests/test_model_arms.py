@@ -120,8 +120,8 @@ def test_a_measured_arm_stays_a_candidate_with_its_gain():
 def test_the_planner_books_a_builders_rounds_and_keeps_them(tmp_path, monkeypatch):
     from test_rescale import make_planner
 
-    from ondevice.engine import RoundReport
-    from ondevice.tree import DraftTree
+    from ondevice.decode.engine import RoundReport
+    from ondevice.decode.tree import DraftTree
 
     planner = make_planner(tmp_path, monkeypatch)
     planner.price()

@@ -25,10 +25,10 @@ from ondevice.offload.build import gguf_layouts, gguf_names_from_table, offload_
 from ondevice.offload.placement import Placement
 from ondevice.quant import groupwise
 from ondevice.quant.groupwise import GroupSpec
-from ondevice.target import weights
-from ondevice.target.torch_model import KVCache, Transformer, TransformerBlock, rope_angles, rope_inv_freq
-from ondevice.target.torch_target import TorchTarget
-from ondevice.tree import DraftTree
+from ondevice.targets import weights
+from ondevice.targets.torch_model import KVCache, Transformer, TransformerBlock, rope_angles, rope_inv_freq
+from ondevice.targets.torch_target import TorchTarget
+from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf
 
 

@@ -17,12 +17,12 @@ import torch
 
 import tiny_models
 from ondevice.errors import OndeviceError
-from ondevice.target import offloaded as offload_target
-from ondevice.target.offloaded import load_offloaded_target, plan_offload
+from ondevice.targets import offloaded as offload_target
+from ondevice.targets.offloaded import load_offloaded_target, plan_offload
 from ondevice.paths import models_dir
-from ondevice.target import weights
-from ondevice.target.torch_target import TorchTarget
-from ondevice.tree import DraftTree
+from ondevice.targets import weights
+from ondevice.targets.torch_target import TorchTarget
+from ondevice.decode.tree import DraftTree
 
 N_LAYERS = 8  # tiny models with more layers than tiny_models' default, so a few can stay resident
 N_CTX = 64

@@ -20,18 +20,19 @@ from onnx import TensorProto
 import tiny_models
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.draft.onnx_drafter import OnnxDrafter
-from ondevice.engine import SpecEngine, Step
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import collect
 from ondevice.errors import OndeviceError
 from ondevice.onnx import export as ex, export_files
 from ondevice.onnx.graph import GraphBuilder, model
 from ondevice.onnx.nbits import NBITS_LAYOUT, gguf_to_nbits, requantize_4bit
 from ondevice.onnx.session import FALLBACK_RATIO, NBitsConfig, check_fast_kernels, kernel_ratio, nbits_configs
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.vocabtrim import build as vt
-from ondevice.target.llama_target import LlamaTarget
+from ondevice.targets.llama_target import LlamaTarget
 from ondevice.onnx.target import OnnxTarget
-from ondevice.target.torch_target import TorchTarget
-from ondevice.tree import DraftTree
+from ondevice.targets.torch_target import TorchTarget
+from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf
 from tiny_quant import QUANT_DIMS, q4_k_m_mix
 
@@ -143,7 +144,7 @@ def test_onnx_target_decodes_greedily_like_the_torch_target(tmp_path):
     outputs = []
     for target in (torch_target, onnx_target):
         engine = SpecEngine(target, None, lambda t: False)
-        outputs.append([t for item in engine.generate(PROMPT, 40) if isinstance(item, Step) for t in item.tokens])
+        outputs.append(collect(engine.generate(PROMPT, 40))[0])
     assert outputs[0] == outputs[1] and len(outputs[0]) == 40
 
 
@@ -179,10 +180,10 @@ def test_greedy_speculation_with_onnx_target_and_drafter_equals_the_target_alone
     target = OnnxTarget.from_gguf(path, n_ctx=512, threads=1, show=False)
     drafter = OnnxDrafter(path, n_ctx=512, threads=1, show=False)
     alone = SpecEngine(target, None, lambda t: False)
-    reference = [t for item in alone.generate(PROMPT, 48) if isinstance(item, Step) for t in item.tokens]
+    reference = collect(alone.generate(PROMPT, 48))[0]
     for spec in (DraftSpec("chain", 4), DraftSpec("best-first", 16)):
         engine = SpecEngine(target, drafter, lambda t: False)
-        got = [t for item in engine.generate(PROMPT, 48, spec=spec) if isinstance(item, Step) for t in item.tokens]
+        got = collect(engine.generate(PROMPT, 48, spec=spec))[0]
         assert got == reference  # a tiny model has no near-ties at these margins; the real pair's test allows them
 
 

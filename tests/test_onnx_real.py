@@ -18,15 +18,15 @@ import gc
 import numpy as np
 import pytest
 
-from ondevice.prompt import sets as prompts
+from ondevice.bench import prompt_sets as prompts
 from ondevice.eval.numerics import top2_margin
 from ondevice.onnx import export as ex
 from ondevice.onnx.session import check_fast_kernels, nbits_configs
-from ondevice.target.llama_target import LlamaTarget
+from ondevice.targets.llama_target import LlamaTarget
 from ondevice.onnx.target import OnnxTarget
-from ondevice.target.torch_target import TorchTarget
+from ondevice.targets.torch_target import TorchTarget
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 pytestmark = pytest.mark.real
 

@@ -12,11 +12,12 @@ import time
 import numpy as np
 import pytest
 
-from ondevice.engine import SpecEngine, Stats, Step
-from ondevice.overlap import Guess, likely_path, prepared_spec
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, Verdict
+from ondevice.decode.engine import SpecEngine, Stats
+from ondevice.decode.stats import collect
+from ondevice.decode.overlap import Guess, prepared_spec
+from ondevice.decode.protocols import DraftSpec, Drafter
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, Verdict
 from tiny_models import write_tiny_gguf
 
 # --- DraftTree.subtree ---------------------------------------------------------------------------
@@ -77,8 +78,8 @@ def test_subtree_of_a_chain_link_and_of_a_leaf_and_of_the_root():
 
 def test_likely_path_follows_the_best_child():
     # root's best child is 1 (−0.5 > −1.0), then 3; cumulative log-probs would prefer nothing else here
-    assert likely_path(hand_tree()) == [0, 1, 3]
-    assert likely_path(DraftTree.root_only(5)) == [0]
+    assert hand_tree().likely_path() == [0, 1, 3]
+    assert DraftTree.root_only(5).likely_path() == [0]
 
 
 def test_guess_is_used_only_when_the_whole_path_and_a_prepared_child_come_true():
@@ -120,7 +121,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(tiny_dir):
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     return LlamaTarget(tiny_dir / "target.gguf", n_ctx=256, threads=1)
 
@@ -134,13 +135,7 @@ def drafters(tiny_dir):
 
 def decode(engine: SpecEngine, prompt, n, spec=None, sampling=Sampling(), rule="specexec") -> tuple[list[int], Stats]:
     engine.cached = []
-    out, stats = [], None
-    for item in engine.generate(prompt, n, sampling, spec, rule):
-        if isinstance(item, Step):
-            out += item.tokens
-        else:
-            stats = item
-    return out, stats
+    return collect(engine.generate(prompt, n, sampling, spec, rule))
 
 
 def never_ends(token: int) -> bool:
@@ -177,7 +172,7 @@ def test_prepared_chain_is_the_chain_a_fresh_draft_makes(target, drafters):
 
 
 def test_overlap_up_to_the_end_of_the_context_window(tiny_dir, drafters):
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     small = LlamaTarget(tiny_dir / "target.gguf", n_ctx=48, threads=1)
     reference, _ = decode(SpecEngine(small, None, never_ends), PROMPTS[1], 1000)
@@ -205,7 +200,7 @@ def test_sequoia_verifies_prepared_trees_with_their_q(target, drafters):
     assert hits > 0
 
 
-class FailingDrafter:
+class FailingDrafter(Drafter):
     """Raises while the target is (slowly) verifying: the engine must wait for the pass, then raise."""
 
     n_vocab = 320
@@ -249,10 +244,10 @@ def test_a_drafter_error_waits_for_the_target_pass(target, drafters):
 def test_overlap_on_the_real_pair_equals_target_alone(real_pair):
     """llama.cpp target + drafter, chain @4, 2 prompts × 32 tokens: the target alone's tokens, except
     at near-ties (top-2 margin below this machine's batch noise for passes of 5 tokens)."""
-    from ondevice.prompt import sets as prompts
+    from ondevice.bench import prompt_sets as prompts
     from ondevice.eval.numerics import greedy_misses, pass_noise
     from ondevice.draft.llama_drafter import LlamaDrafter
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
     from ondevice.prompt.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(real_pair.target)

@@ -17,7 +17,7 @@ from tiny_models import write_tiny_gguf
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.errors import OndeviceError
 from ondevice.pipeline import load
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.prompt.tokenizer import Tokenizer, check_same_vocab, vocab_mismatch
 
 REAL, PADDED = 320, 384

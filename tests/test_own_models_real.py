@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ondevice.pipeline import load
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 
 PROMPT = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
 

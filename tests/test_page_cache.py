@@ -1,4 +1,4 @@
-"""The page-cache window of a streaming llama.cpp target (target/page_cache.py): the same logits with
+"""The page-cache window of a streaming llama.cpp target (targets/page_cache.py): the same logits with
 and without it, finished layers leave the page cache, kept layers and the next ones stay."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import tiny_models
-from ondevice.target.llama_target import LlamaTarget
-from ondevice.target.page_cache import LayerWindow, Span, _pieces, find_mapping, readahead_bytes
-from ondevice.tree import DraftTree
+from ondevice.targets.llama_target import LlamaTarget
+from ondevice.targets.page_cache import LayerWindow, Span, _pieces, find_mapping, readahead_bytes
+from ondevice.decode.tree import DraftTree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise/mincore steering is Linux-only")
 N_LAYERS = 6
@@ -133,12 +133,13 @@ def test_a_prefetched_layer_longer_than_one_readahead_is_read_whole(uncached_fil
 def test_an_answers_time_split_adds_up_and_the_disk_busy_time_is_reported(tiny):
     """The engine's stats of a streaming target: draft / target compute / disk wait / overhead sum to
     the decoding time, the disk wait is the passes' own; the disk's busy time comes from the block device."""
-    from ondevice.engine import SpecEngine, Stats
+    from ondevice.decode.engine import SpecEngine
+    from ondevice.decode.stats import collect
     from ondevice.machine.disk_io import stat_file
 
     target = LlamaTarget(tiny, n_ctx=128, threads=1, max_tree_nodes=16, n_ubatch=64, streams=True, window=1)
     engine = SpecEngine(target, None, is_end=lambda token: False)
-    stats = [s for s in engine.generate([5, 17, 42, 9], max_tokens=6) if isinstance(s, Stats)][-1]
+    _, stats = collect(engine.generate([5, 17, 42, 9], max_tokens=6))
     split = stats.round_split()
     assert split["disk_wait"] is not None and 0 <= split["disk_wait"] <= stats.verify_seconds
     assert sum(split.values()) == pytest.approx(stats.decode_seconds, abs=1e-6)

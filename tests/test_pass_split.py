@@ -1,10 +1,10 @@
-"""target/pass_split.py: a streamed pass's time split into disk wait and compute, against hand sums."""
+"""targets/pass_split.py: a streamed pass's time split into disk wait and compute, against hand sums."""
 
 from __future__ import annotations
 
 import pytest
 
-from ondevice.target.pass_split import LayerStretch, split_pass
+from ondevice.targets.pass_split import LayerStretch, split_pass
 
 
 def test_a_layer_not_in_memory_waits_for_its_stretch_beyond_the_price_of_computing():

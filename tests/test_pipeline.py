@@ -17,7 +17,7 @@ from ondevice.plan import auto as autoplan
 from ondevice.plan.cost_model import choose_plan, plan_as_dict
 from ondevice.plan.fallback import LookupTracker
 from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 import tiny_models
 from tiny_models import write_tiny_pair
 
@@ -77,7 +77,8 @@ def test_profile_shows_the_plan_a_chat_starts_with(tiny_home, monkeypatch):
     """Where model drafting does not pay but prompt lookup has proven itself, chat decodes with lookup:
     `ondevice profile` must say so too (not the bare cost model's "target alone")."""
     from ondevice.cli.profile_cmd import show_profile
-    from ondevice.loading import LoadOptions, load_backends
+    from ondevice.loading.choices import load_backends
+    from ondevice.loading.options import LoadOptions
 
     steep = Curves(curve({1: 0.087, 2: 0.129, 4: 0.180, 8: 0.264, 16: 0.275}), curve({1: 0.120, 64: 0.900}))
     monkeypatch.setattr(autoplan, "get_profile", lambda backends, **options: (fake_profile(backends, steep), True))
@@ -128,7 +129,7 @@ def test_close_frees_models_and_threads_and_the_pair_loads_again(tmp_path, monke
     import torch
 
     from ondevice.errors import OndeviceError
-    from ondevice.target.offloaded import plan_offload
+    from ondevice.targets.offloaded import plan_offload
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 6)  # enough layers that most can stream

@@ -10,7 +10,7 @@ from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
 from ondevice.plan.acceptance import AcceptanceTracker, default_p_rank
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.sequoia import SequoiaTable, chain_tokens_per_pass, optimal_tree, tree_tokens_per_pass
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 P_VECTORS = [
     [0.86, 0.077, 0.031, 0.012],

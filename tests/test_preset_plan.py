@@ -17,12 +17,12 @@ import re
 
 import pytest
 
-from ondevice.plan.memory import MARGIN, ModelSize, plan_memory
+from ondevice.loading.memory import MARGIN, ModelSize, plan_memory
 from ondevice.machine.ram import RamBudget
 from ondevice.synthetic.quant_mix import preset_size
 from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf
-from ondevice.target.page_cache import WINDOW_AHEAD
+from ondevice.targets.page_cache import WINDOW_AHEAD
 
 MiB = 1 << 20
 
@@ -74,7 +74,7 @@ def test_a_preset_is_planned_as_its_written_file(tmp_path, shape):
 
 
 def test_a_pair_not_downloaded_keeps_layers_cached(tmp_path, monkeypatch):
-    """A 70B on a smaller machine: llama3.3-70b (42 GB) with ~22 GB of RAM; planned without per-layer sizes it
+    """The case: llama3.3-70b (42 GB) with ~22 GB of RAM; planned without per-layer sizes it
     read the whole file every pass, the loader keeps about half of it cached."""
     from ondevice.catalog.pairs import load_pair
     from ondevice.cli.placement_view import model_size, target_place

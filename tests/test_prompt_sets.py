@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from ondevice.prompt import sets as prompts
+from ondevice.bench import prompt_sets as prompts
 from tiny_models import write_tiny_pair
 
 

@@ -11,8 +11,8 @@ from scipy.special import log_softmax
 
 from ondevice.draft.free_tree import merge_trees, point_mass_chain
 from ondevice.draft.recycle import LEARN_ROWS, TOP_K, TokenRecycler, top_k_rows
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
 
 
 @pytest.mark.parametrize("vocab", [5, 64, 300, 1000, 4099, 151_936])

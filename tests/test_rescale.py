@@ -7,15 +7,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from ondevice.engine import RoundReport, SpecEngine, Step
+from ondevice.decode.engine import RoundReport, SpecEngine
+from ondevice.decode.stats import collect
 from ondevice.plan import auto as autoplan
 from ondevice.plan.arms import arm_of
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import Curves, LatencyCurve
 from ondevice.plan.rescale import PassTimes
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling
 from tiny_models import write_tiny_gguf
 
 # the real pair on this 2-core CPU, in RAM (DESIGN.md): a pass of n tokens costs about n single steps
@@ -178,7 +179,7 @@ def test_the_plan_on_the_rescaled_curve_is_the_plan_on_the_true_curve(planner):
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     from ondevice.draft.llama_drafter import LlamaDrafter
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     folder = tmp_path_factory.mktemp("replan")
     write_tiny_gguf(folder / "target.gguf", arch="llama", seed=0, head_scale=3.0)
@@ -188,11 +189,7 @@ def tiny_pair(tmp_path_factory):
 
 def decode(engine, prompt, n, spec, replan=None, observe=None) -> list[int]:
     engine.cached = []
-    out = []
-    for item in engine.generate(prompt, n, Sampling(), spec, observe=observe, replan=replan):
-        if isinstance(item, Step):
-            out += item.tokens
-    return out
+    return collect(engine.generate(prompt, n, Sampling(), spec, observe=observe, replan=replan))[0]
 
 
 def test_replanning_every_round_keeps_greedy_output_exact(tiny_pair):

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import ondevice.verify as verify_mod
+import ondevice.decode.verify as verify_mod
 from ondevice.draft.search_tree import sampled_children
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, Verdict, target_probs, verify
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, Verdict, target_probs, verify
 
 pytestmark = pytest.mark.real
 
@@ -38,7 +38,7 @@ PROMPT = "Pick a random number from 1 to 10. Reply with the number only."  # a s
 @pytest.fixture(scope="module")
 def setup(real_pair):
     from ondevice.draft.llama_drafter import LlamaDrafter
-    from ondevice.target.torch_target import TorchTarget
+    from ondevice.targets.torch_target import TorchTarget
     from ondevice.prompt.tokenizer import Tokenizer
 
     tok = Tokenizer(real_pair.target)

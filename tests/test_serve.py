@@ -51,7 +51,7 @@ def generate_json(env, prompt: str, *args: str) -> dict:
 def fresh_answer(env, monkeypatch, messages, max_tokens: int) -> str:
     """The answer of a freshly loaded pipeline (nothing cached), drafting as the server does."""
     import ondevice
-    from ondevice.protocols import DraftSpec
+    from ondevice.decode.protocols import DraftSpec
 
     monkeypatch.setenv("ONDEVICE_HOME", env["ONDEVICE_HOME"])
     pipe = ondevice.load("tiny", threads=1, ctx=512)

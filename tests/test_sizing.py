@@ -13,16 +13,17 @@ from ondevice.draft.free_tree import FreeTrie
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.draft.router import DraftRouter
 from ondevice.draft.sizing import best_size, sized
-from ondevice.engine import SpecEngine, Step
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import collect
 from ondevice.eval.free_ceiling import ceiling_seconds, sized_seconds
 from ondevice.plan import auto as autoplan
-from ondevice.plan.drafter_room import ALONE_CONTEXT
+from ondevice.loading.drafter_room import ALONE_CONTEXT
 from ondevice.plan.curve import Curves, LatencyCurve
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, follow
 from ondevice.plan.arms import arm_of
-from ondevice.protocols import TARGET_FREE, DraftSpec, config_label
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import TARGET_FREE, DraftSpec, config_label
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling
 from tiny_models import write_tiny_gguf
 
 
@@ -106,7 +107,7 @@ def test_router_sends_a_weak_match_to_the_root_alone():
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     path = tmp_path_factory.mktemp("tiny") / "qwen2.gguf"
     write_tiny_gguf(path, arch="qwen2", head_scale=3.0)
@@ -115,11 +116,7 @@ def tiny_target(tmp_path_factory):
 
 def decode(engine: SpecEngine, prompt, n, spec=None, sampling=Sampling()):
     engine.cached = []
-    out = []
-    for item in engine.generate(prompt, n, sampling, spec, "specexec"):
-        if isinstance(item, Step):
-            out += item.tokens
-    return out
+    return collect(engine.generate(prompt, n, sampling, spec, "specexec"))[0]
 
 
 @pytest.mark.parametrize("builder", ["lookup", "suffix", TARGET_FREE])

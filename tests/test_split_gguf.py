@@ -20,8 +20,8 @@ from ondevice.errors import OndeviceError
 from ondevice.files.gguf_reader import SplitReader
 from ondevice.files.gguf_split import part_paths
 from ondevice.offload.layout import gguf_tensor_index
-from ondevice.target.offloaded import load_offloaded_target
-from ondevice.target.torch_target import TorchTarget
+from ondevice.targets.offloaded import load_offloaded_target
+from ondevice.targets.torch_target import TorchTarget
 
 N_LAYERS, N_CTX = 6, 64
 

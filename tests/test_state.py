@@ -95,7 +95,8 @@ def test_lookup_record_of_the_wrong_shape_is_replaced(tmp_path, monkeypatch, cap
 def test_profile_of_the_wrong_shape_is_replaced(used_home, tmp_path, monkeypatch, capsys, content):
     """A profile (measured by `ondevice profile` or a chat) holding the wrong shape: one warning naming
     it, and the planner goes on without one (the file stays until a new profile replaces it)."""
-    from ondevice.loading import LoadOptions, load_backends
+    from ondevice.loading.choices import load_backends
+    from ondevice.loading.options import LoadOptions
     from ondevice.plan.profile import profile_path, saved_profile
     from ondevice.machine.facts import machine_facts
 

@@ -13,12 +13,13 @@ import pytest
 
 import tiny_models
 from ondevice.draft.llama_drafter import LlamaDrafter
-from ondevice.engine import SpecEngine, Step
+from ondevice.decode.engine import SpecEngine
+from ondevice.decode.stats import collect
 from ondevice.files.gguf_header import OUTPUT_LAYER
-from ondevice.protocols import DraftSpec
-from ondevice.target.direct_window import DirectWindow, direct_reads_work
-from ondevice.target.llama_target import LlamaTarget
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import DraftSpec
+from ondevice.targets.direct_window import DirectWindow, direct_reads_work
+from ondevice.targets.llama_target import LlamaTarget
+from ondevice.decode.verify import Sampling
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_DIRECT, memfd and MAP_FIXED are Linux-only")
 PROMPT = [5, 60, 61, 7, 200, 33, 12, 12, 99]
@@ -33,13 +34,7 @@ def tiny(tmp_path_factory):
 
 
 def decode(engine: SpecEngine, n: int, spec=None, sampling=Sampling()) -> tuple[list[int], object]:
-    out, stats = [], None
-    for item in engine.generate(PROMPT, n, sampling, spec):
-        if isinstance(item, Step):
-            out += item.tokens
-        else:
-            stats = item
-    return out, stats
+    return collect(engine.generate(PROMPT, n, sampling, spec))
 
 
 @pytest.mark.parametrize("spec", [DraftSpec("chain", 4), DraftSpec("best-first", 8)], ids=lambda s: f"{s.builder}@{s.budget}")

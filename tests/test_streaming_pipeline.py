@@ -13,17 +13,20 @@ import numpy as np
 import pytest
 
 import ondevice
-from ondevice import loading, pipeline
+from ondevice.catalog.choose import choose
+from ondevice.loading import choices, options, pair, profiling
+from ondevice.loading import plan as load_plan
 from ondevice.machine import ram
-from ondevice.plan import memory, profile as profile_store
+from ondevice.loading import memory
+from ondevice.plan import profile as profile_store
 from ondevice.draft.onnx_drafter import OnnxDrafter
 from ondevice.machine.facts import measure_ram_bandwidth
 from ondevice.onnx.export_files import export_dir
-from ondevice.plan.memory import MARGIN, ModelSize
+from ondevice.loading.memory import MARGIN, ModelSize
 from ondevice.plan.profile import Profile, save_profile
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.vocabtrim import build, shipped
-from ondevice.verify import Sampling
+from ondevice.decode.verify import Sampling
 import tiny_models
 from tiny_models import write_tiny_pair
 
@@ -44,13 +47,13 @@ def stream_tiny_target(home, monkeypatch, name: str = "tiny", extra: int = 0) ->
     """A RAM budget that holds everything but the tiny target's weights (and `extra` bytes): it must
     stream. The process counts as 200 MB throughout (its real size moves as models are measured and freed)."""
     monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
-    monkeypatch.setattr(pipeline, "anon_rss", lambda: 200 << 20)
+    monkeypatch.setattr(pair, "anon_rss", lambda: 200 << 20)
     models = home / "models"
     target, drafter = ModelSize.from_gguf(models / f"{name}-target.gguf"), ModelSize.from_gguf(models / f"{name}-drafter.gguf")
     sizes = memory.context_sizes(256, 64, streams=True)  # streaming with trees up to 64 nodes
     resident = (200 << 20) + drafter.file_bytes + sum(memory._buffers(target, drafter, 256, sizes, memory.F16).values())
     budget = resident + target.streamed_window + MARGIN + extra  # room to stream, not to keep the weights
-    monkeypatch.setattr(loading, "ram_budget", lambda: ram.RamBudget(budget, "test"))
+    monkeypatch.setattr(load_plan, "ram_budget", lambda: ram.RamBudget(budget, "test"))
 
 
 def answer(pipe, spec):
@@ -77,19 +80,19 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
 
 def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them(tiny_home, monkeypatch):
     spec, prompt = DraftSpec("best-first", 4), MESSAGES[0]["content"]
-    answers = loading.Answers((prompt,), 24)
+    answers = options.Answers((prompt,), 24)
     with ondevice.load("tiny", answers=answers, target_backend="llama", threads=1) as pipe:
-        assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # in RAM: nothing to win
+        assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == options.DEFAULT_CTX  # in RAM: nothing to win
     with ondevice.load("tiny", streaming_ctx=512, target_backend="llama", threads=1) as pipe:
-        assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == loading.DEFAULT_CTX  # chat's, in RAM: the same
+        assert pipe.memory.target_in_ram and pipe.engine.target.n_ctx == options.DEFAULT_CTX  # chat's, in RAM: the same
     stream_tiny_target(tiny_home, monkeypatch)
-    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=loading.DEFAULT_CTX, keep_drafter=True) as pipe:
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=options.DEFAULT_CTX, keep_drafter=True) as pipe:
         full, _ = answer(pipe, spec)
         full_plan = pipe.memory
     with ondevice.load("tiny", answers=answers, target_backend="llama", drafter_backend="llama", threads=1, keep_drafter=True) as pipe:
         n_ctx = pipe.engine.target.n_ctx
         need = len(pipe.encode_chat(MESSAGES)) + 24 + pipe.memory.sizes.max_tree + 1
-        assert need <= n_ctx < need + 16 + 256 and n_ctx < loading.DEFAULT_CTX
+        assert need <= n_ctx < need + 16 + 256 and n_ctx < options.DEFAULT_CTX
         assert pipe.memory.sizes.n_ctx == n_ctx and pipe.engine.drafter.model.n_ctx == n_ctx
         assert pipe.memory.buffers["target KV cache"] < full_plan.buffers["target KV cache"]
         sized, stats = answer(pipe, spec)
@@ -107,7 +110,7 @@ def ship_tiny_keep_set(home, monkeypatch, name: str = "tiny"):
     """The tiny pair's catalog ships a keep set (every third id), as the default pair's does; no
     trimmed drafter is built yet. Returns (the drafter's path, the kept ids)."""
     monkeypatch.setattr(shipped, "SHIPPED_DIR", home / "shipped")
-    drafter = pipeline.choose(name, None, None, True).drafter
+    drafter = choose(name, None, None, True).drafter
     keep = np.union1d(build.always_kept_ids(gguf.GGUFReader(drafter)), np.arange(0, 320, 3))
     built = build.build_trimmed(drafter, keep, "test: every third id")
     (home / "shipped").mkdir()
@@ -142,21 +145,21 @@ def test_a_streaming_target_never_exports_the_onnx_drafter_to_compare_it(tiny_ho
     killed (0.9 GB cgroup, the default pair in a fresh home). The llama.cpp drafter drafts, unmeasured."""
     monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
     stream_tiny_target(tiny_home, monkeypatch)
-    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256)
-    models = pipeline.choose("tiny", None, None, True)
-    assert loading.pick_backends(opts, models, 1, loading.MemoryPlans(models, opts)) == ("llama", "llama")
+    opts = options.LoadOptions(model="tiny", threads=1, ctx=256)
+    models = choose("tiny", None, None, True)
+    assert choices.pick_backends(opts, models, 1, load_plan.MemoryPlans(models, opts)) == ("llama", "llama")
     assert not export_dir(models.drafter).exists()
 
 
 def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(tiny_home, monkeypatch):
     monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
     stream_tiny_target(tiny_home, monkeypatch)
-    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256)
-    models = pipeline.choose("tiny", None, None, True)
+    opts = options.LoadOptions(model="tiny", threads=1, ctx=256)
+    models = choose("tiny", None, None, True)
     OnnxDrafter(models.drafter, n_ctx=256, threads=1, vocab_trim=True, show=False).close()  # exported while RAM allowed
-    assert loading.onnx_drafter_built(models.drafter, vocab_trim=True)
+    assert choices.onnx_drafter_built(models.drafter, vocab_trim=True)
     before = ondevice_threads()
-    loading.pick_backends(opts, models, 1, loading.MemoryPlans(models, opts))  # nothing saved: measures the streamed target, then each drafter
+    choices.pick_backends(opts, models, 1, load_plan.MemoryPlans(models, opts))  # nothing saved: measures the streamed target, then each drafter
     assert left_running(before) == []  # the measured target is gone, with its page-cache thread
     (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
     measured = Profile.from_dict(json.loads(path.read_text()))
@@ -185,17 +188,17 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     buffers = {t: sum(memory._buffers(target, drafter, 256, memory.context_sizes(256, t, streams=True), memory.F16).values()) for t in (64, smallest)}
     stream_tiny_target(tiny_home, monkeypatch, "deep",  # the head, less a byte
                        extra=max(target.layer_bytes) + target.head_bytes - 1 + decode_slack - (buffers[64] - buffers[smallest]))
-    opts = loading.LoadOptions(model="deep", threads=1, ctx=256)
-    models = pipeline.choose("deep", None, None, True)
-    plans = loading.MemoryPlans(models, opts)
-    assert loading.leanest_drafters(plans, "llama") == ("llama",)  # the ONNX drafter is not exported: not a candidate
+    opts = options.LoadOptions(model="deep", threads=1, ctx=256)
+    models = choose("deep", None, None, True)
+    plans = load_plan.MemoryPlans(models, opts)
+    assert choices.leanest_drafters(plans, "llama") == ("llama",)  # the ONNX drafter is not exported: not a candidate
     OnnxDrafter(models.drafter, n_ctx=256, threads=1, vocab_trim=True, show=False).close()
-    assert loading.leanest_drafters(plans, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
-    loading.trim_if_streaming(models, opts, plans)
+    assert choices.leanest_drafters(plans, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
+    choices.trim_if_streaming(models, opts, plans)
     trimmed = plans.plan("llama", "llama")
     assert trimmed.bytes_read_per_pass < plans.plan("llama", "onnx").bytes_read_per_pass
-    assert loading.leanest_drafters(plans, "llama") == ("llama",)  # trimmed, it leaves room for the LM head
-    assert loading.pick_backends(opts, models, 1, plans) == ("llama", "llama")
+    assert choices.leanest_drafters(plans, "llama") == ("llama",)  # trimmed, it leaves room for the LM head
+    assert choices.pick_backends(opts, models, 1, plans) == ("llama", "llama")
     assert not list((tiny_home / "profiles").glob("*.json"))  # decided by memory: no drafter was loaded to be measured
 
     def not_here(*args, **kwargs):
@@ -222,25 +225,25 @@ def test_a_streaming_profile_times_the_trees_the_load_plans(tiny_home, monkeypat
     otherwise the planner cannot price a tree past the last size timed."""
     monkeypatch.setattr(profile_store, "measure_ram_bandwidth", lambda: measure_ram_bandwidth(8 << 20))
     stream_tiny_target(tiny_home, monkeypatch)
-    opts = loading.LoadOptions(model="tiny", threads=1, ctx=256, keep_drafter=True, drafter_backend="llama")
-    models = pipeline.choose("tiny", None, None, True)
-    plan = loading.plan_load(opts, models, 200 << 20)
-    assert plan.streams and loading.child_plan(plan).memory is None  # a tiny drafter's room holds no interpreter: planned apart
-    assert loading.child_plan(replace(plan, memory=replace(plan.memory, drafter_bytes=300 << 20))).memory.drafter_bytes == 300 << 20
-    monkeypatch.setattr(loading, "child_plan", lambda plan: plan)  # as for the default pair: the parent's own plan
-    profile = loading.streaming_profile(plan)
+    opts = options.LoadOptions(model="tiny", threads=1, ctx=256, keep_drafter=True, drafter_backend="llama")
+    models = choose("tiny", None, None, True)
+    plan = choices.plan_load(opts, models, 200 << 20)
+    assert plan.streams and profiling.child_plan(plan).memory is None  # a tiny drafter's room holds no interpreter: planned apart
+    assert profiling.child_plan(replace(plan, memory=replace(plan.memory, drafter_bytes=300 << 20))).memory.drafter_bytes == 300 << 20
+    monkeypatch.setattr(profiling, "child_plan", lambda plan: plan)  # as for the default pair: the parent's own plan
+    profile = profiling.streaming_profile(plan)
     timed = profile.targets["llama"]
-    assert loading.times_trees_of(timed, plan.memory.sizes.max_tree)
+    assert profiling.times_trees_of(timed, plan.memory.sizes.max_tree)
     (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
     data = json.loads(path.read_text())
     data["targets"]["llama"] = {"ns": [1, 2], "seconds": [0.5, 0.5]}  # a profile timed under smaller buffers
     path.write_text(json.dumps(data))
-    again = loading.streaming_profile(plan).targets["llama"]
-    assert again.max_n > 2 and loading.times_trees_of(again, plan.memory.sizes.max_tree)
+    again = profiling.streaming_profile(plan).targets["llama"]
+    assert again.max_n > 2 and profiling.times_trees_of(again, plan.memory.sizes.max_tree)
 
 
 def test_a_curve_covers_a_plan_up_to_its_trees_or_where_no_tree_could_pay():
     flat = curve({1: 0.5, 2: 0.5, 4: 0.51, 8: 0.52})
-    assert loading.times_trees_of(flat, 8) and not loading.times_trees_of(flat, 32)
+    assert profiling.times_trees_of(flat, 8) and not profiling.times_trees_of(flat, 32)
     steep = curve({1: 0.01, 2: 0.05, 4: 0.3})  # a 4-token pass costs 30 single ones: the sweep stopped there on purpose
-    assert loading.times_trees_of(steep, 64)
+    assert profiling.times_trees_of(steep, 64)

@@ -13,8 +13,8 @@ import pytest
 
 from ondevice.draft.suffix_automaton import SuffixAutomaton
 from ondevice.draft.suffix_drafter import SEPARATOR, SuffixDrafter, SuffixIndex
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
 
 
 def occurrences(text: list[int], w: list[int]) -> int:

@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from ondevice.errors import OndeviceError
-from ondevice.loading import LoadOptions
+from ondevice.loading.options import LoadOptions
 from ondevice.catalog import hub
 from ondevice.synthetic.blocks import generator, pack_k_scales, random_blocks
 from ondevice.synthetic.cache import load_measurement
@@ -32,9 +32,9 @@ from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.sources import from_preset, matching_preset, resolve, tensors_of_gguf
 from ondevice.synthetic.writer import write_synthetic_gguf
 from ondevice.machine.facts import machine_facts
-from ondevice.target import weights
-from ondevice.target.torch_target import TorchTarget
-from ondevice.tree import DraftTree
+from ondevice.targets import weights
+from ondevice.targets.torch_target import TorchTarget
+from ondevice.decode.tree import DraftTree
 from test_torch_target import llama_cpp_logits
 
 # Torch fp32 vs llama.cpp on the same quantized GGUF differ because llama.cpp quantizes the
@@ -208,7 +208,7 @@ def test_disk_tier_reports_the_bytes_read_from_disk_per_pass(tmp_path, monkeypat
 
 
 def test_what_would_not_fit_is_refused_before_it_is_written(tmp_path, monkeypatch):
-    from ondevice import loading
+    from ondevice.loading import plan as load_plan
     from ondevice.machine.ram import RamBudget
     from ondevice.synthetic import measure as measure_module
 
@@ -217,7 +217,7 @@ def test_what_would_not_fit_is_refused_before_it_is_written(tmp_path, monkeypatc
     with pytest.raises(OndeviceError, match="qwen2.5-7b needs 30 GB of RAM as the torch target runs it") as info:
         measure(from_preset(PRESETS["qwen2.5-7b"]), LoadOptions(target_backend="torch"), show=False)  # fp32 on a CPU
     assert "--ram-memory" in str(info.value)
-    monkeypatch.setattr(loading, "ram_budget", lambda: RamBudget(300 << 20, "test"))  # not even room to stream
+    monkeypatch.setattr(load_plan, "ram_budget", lambda: RamBudget(300 << 20, "test"))  # not even room to stream
     with pytest.raises(OndeviceError, match="qwen2.5-7b would page heavily here"):
         measure(from_preset(PRESETS["qwen2.5-7b"]), LoadOptions(target_backend="llama"), show=False)
     assert not models_dir().exists()
@@ -226,7 +226,7 @@ def test_what_would_not_fit_is_refused_before_it_is_written(tmp_path, monkeypatc
 def test_a_llama_target_that_does_not_fit_streams_as_the_memory_plan_says(tmp_path, monkeypatch):
     """Under a --ram-memory budget below what the model needs in RAM, the memory plan streams the
     target from disk: the bench measures it so and reports the plan's bytes read per pass."""
-    from ondevice.plan.memory import MARGIN
+    from ondevice.loading.memory import MARGIN
     from ondevice.synthetic.measure import memory_plan
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
@@ -325,8 +325,8 @@ def test_synthetic_target_streams_from_pinned_ram_to_the_gpu(tmp_path, monkeypat
     per pass are theirs, and both bandwidths (pinned peak, streamer's copy rate) are measured.
     Where Triton decodes every tensor, kept layers stay encoded: the budget counts them as moved."""
     from ondevice.offload.encoded import decodes_fast
-    from ondevice.protocols import MAX_BUDGET
-    from ondevice.target.offloaded import plan_offload
+    from ondevice.decode.protocols import MAX_BUDGET
+    from ondevice.targets.offloaded import plan_offload
 
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     shape = ModelShape("small-qwen2", "qwen2", 8, 512, 1024, 8, 2, 64, 4096)

@@ -16,7 +16,7 @@ import sys
 
 from rich.console import Console
 
-from ondevice.loading import LoadOptions
+from ondevice.loading.options import LoadOptions
 from ondevice.plan import timing
 from ondevice.machine.facts import machine_facts
 from ondevice.synthetic.cache import load_measurement

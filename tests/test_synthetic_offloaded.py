@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from ondevice.errors import OndeviceError
-from ondevice.target.offloaded import load_offloaded_target, plan_offload
+from ondevice.targets.offloaded import load_offloaded_target, plan_offload
 from ondevice.synthetic.offloaded import model_args, offloaded_target
 from ondevice.synthetic.shapes import ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf
-from ondevice.target import weights
-from ondevice.tree import DraftTree
+from ondevice.targets import weights
+from ondevice.decode.tree import DraftTree
 
 SHAPES = [
     ModelShape("s-llama", "llama", 6, 256, 512, 4, 2, 64, 512, rope_factor=8.0),  # Q/K rows unpermuted after each transfer

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ondevice.eval.tie_check import check_report
-from ondevice.reference import greedy_reference
-from ondevice.target.llama_target import LlamaTarget
-from ondevice.tree import DraftTree
+from ondevice.decode.reference import greedy_reference
+from ondevice.targets.llama_target import LlamaTarget
+from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf
 
 

@@ -21,11 +21,11 @@ from ondevice.eval.numerics import (
     measure_batch_noise,
     top2_margin,
 )
-from ondevice.reference import greedy_reference
-from ondevice.target import torch_target, weights
-from ondevice.target.torch_model import ModelArgs
-from ondevice.target.torch_target import TorchTarget
-from ondevice.tree import DraftTree
+from ondevice.decode.reference import greedy_reference
+from ondevice.targets import torch_target, weights
+from ondevice.targets.torch_model import ModelArgs
+from ondevice.targets.torch_target import TorchTarget
+from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf, write_tiny_hf
 
 ARCHS = ("qwen2", "qwen3", "llama")

@@ -70,7 +70,7 @@ def nested_arrays(depth: int) -> bytes:
 
 
 # (name, how to make the file from the base, words the one error line must hold)
-HOSTILE_HEADERS = [
+MALFORMED_FILES = [
     ("key-length-2^40", lambda b: patch_field(b, "key 0 length", 1 << 40), "length of a metadata key"),
     ("n_kv-2^63", lambda b: patch_field(b, "n_kv", 1 << 63), "number of metadata keys"),
     ("string-length-2^63", lambda b: patch_field(b, "kv general.architecture string length", 1 << 63), "length of"),
@@ -85,8 +85,8 @@ HOSTILE_HEADERS = [
 ]
 
 
-@pytest.mark.parametrize("name,make,words", HOSTILE_HEADERS, ids=[c[0] for c in HOSTILE_HEADERS])
-def test_hostile_header_is_one_line(base, tmp_path, name, make, words):
+@pytest.mark.parametrize("name,make,words", MALFORMED_FILES, ids=[c[0] for c in MALFORMED_FILES])
+def test_each_malformed_file_is_refused_in_one_line(base, tmp_path, name, make, words):
     path = tmp_path / f"{name}.gguf"
     path.write_bytes(make(base))
     line = one_line_error(["profile", "--target", str(path), "--threads", "1"])

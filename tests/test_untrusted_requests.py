@@ -49,10 +49,10 @@ def response_of(sock: socket.socket) -> tuple[int, bytes]:
     return (int(data.split()[1]) if data.startswith(b"HTTP/") else 0), data
 
 
-# --- malformed requests ---------------------------------------------------------------------------
+# --- named bad requests ---------------------------------------------------------------------------
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
-MALFORMED_REQUESTS = [
+BAD_REQUESTS = [
     ("json-100k-deep", "/v1/chat/completions", b'{"model": "tiny", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "too deeply"),
     ("seed-minus-1", "/v1/chat/completions", {**CHAT, "seed": -1}, "seed"),
     ("max_tokens-string", "/v1/chat/completions", {**CHAT, "max_tokens": "5"}, "max_tokens"),
@@ -62,8 +62,8 @@ MALFORMED_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("name,path,body,words", MALFORMED_REQUESTS, ids=[c[0] for c in MALFORMED_REQUESTS])
-def test_malformed_request_is_a_400(server, name, path, body, words):
+@pytest.mark.parametrize("name,path,body,words", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_each_bad_request_is_a_400(server, name, path, body, words):
     status, answer = server.call("POST", path, body)
     assert status == 400 and words in answer["error"]["message"], answer
     assert server.health()["status"] == "ok"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, Verdict, target_probs, verify, verify_greedy
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, Verdict, target_probs, verify, verify_greedy
 
 V = 6
 SAMPLING = Sampling(temperature=0.9, top_p=0.95, top_k=5)
@@ -115,7 +115,7 @@ def test_mutant_that_accepts_drafts_is_caught():
 
 def test_sequoia_without_residual_update_is_caught():
     """Mutant: Sequoia acceptance test but the bonus sampled from P instead of the residual."""
-    from ondevice import verify as v
+    from ondevice.decode import verify as v
 
     def broken(tree, logits, sampling, rng, rule):
         path = [0]

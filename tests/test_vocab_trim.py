@@ -22,7 +22,7 @@ import pytest
 from ondevice.vocabtrim.head import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LlamaContext, LlamaModel
-from ondevice.prompt.sets import CALIBRATION
+from ondevice.bench.prompt_sets import CALIBRATION
 from ondevice.vocabtrim import build as vt
 from ondevice.prompt.tokenizer import Tokenizer
 

@@ -34,11 +34,11 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel
 
 from ondevice.bench.runner import BenchResult
-from ondevice.engine import Stats
+from ondevice.decode.engine import Stats
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import check_gguf_file, cpu_has_amx, set_llama_logging
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 
 SPEC_BATCH = 64
 

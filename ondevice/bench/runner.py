@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable
 
-from ondevice.engine import Stats, Step
-from ondevice.protocols import DraftSpec
-from ondevice.verify import Sampling
+from ondevice.decode.stats import Stats, collect
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.verify import Sampling
 
 
 @dataclass
@@ -120,12 +120,8 @@ def run_config(
     forget_session(engine)
     for ids in prompts:
         engine.cached = []  # each prompt from a cold cache: comparable across configurations
-        tokens: list[int] = []
-        for item in engine.generate(ids, max_tokens, sampling, spec):
-            if isinstance(item, Step):
-                tokens += item.tokens
-            else:
-                result.add(item)
+        tokens, stats = collect(engine.generate(ids, max_tokens, sampling, spec))
+        result.add(stats)
         outputs.append(tokens)
         if on_prompt:
             on_prompt()

@@ -20,12 +20,12 @@ from ondevice.cli.decoding import console, err, keeping_drafter, load_pipeline, 
 from ondevice.cli.literal import say
 from ondevice.cli.profile_cmd import curves_table
 from ondevice.errors import OndeviceError
-from ondevice.loading import Answers, LoadOptions
+from ondevice.loading.options import Answers, LoadOptions
 from ondevice.machine.facts import machine_facts
 from ondevice.machine.ram import peak_rss
 from ondevice.plan.profile import get_profile
-from ondevice.prompt import sets as prompt_sets
-from ondevice.verify import Sampling
+from ondevice.bench import prompt_sets
+from ondevice.decode.verify import Sampling
 
 
 def parse_list(text: str, kind=str) -> list:

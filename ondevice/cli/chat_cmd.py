@@ -21,9 +21,9 @@ from ondevice.cli.literal import error_line, say
 from ondevice.cli.terminal import LineReader, ctrl_c_stops_the_answer
 from ondevice.cli.think import ThinkSplitter
 from ondevice.errors import OndeviceError
-from ondevice.loading import STREAMING_CHAT_CTX, LoadOptions
+from ondevice.loading.options import STREAMING_CHAT_CTX, LoadOptions
 from ondevice.prompt.text import check_text
-from ondevice.verify import Sampling
+from ondevice.decode.verify import Sampling
 
 HELP = """commands:
   /set temperature X | top_p X | top_k N | seed N | max_tokens N | tree NAME | budget N | system TEXT | think on|off

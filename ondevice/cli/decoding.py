@@ -10,12 +10,12 @@ from rich.console import Console
 
 from ondevice import pipeline
 from ondevice.cli.literal import literal
-from ondevice.engine import Stats
+from ondevice.decode.engine import Stats
 from ondevice.errors import OndeviceError
-from ondevice.loading import Answers, LoadOptions
+from ondevice.loading.options import Answers, LoadOptions
 from ondevice.pipeline import Pipeline
-from ondevice.protocols import BUILDERS, DEFAULT_BUDGET, FREE_BUILDERS, FREE_TREE_NODES, MAX_BUDGET, MODEL_BUILDERS, DraftSpec
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import BUILDERS, DEFAULT_BUDGET, FREE_BUILDERS, FREE_TREE_NODES, MAX_BUDGET, MODEL_BUILDERS, DraftSpec
+from ondevice.decode.verify import Sampling
 
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -112,7 +112,7 @@ def _arm_text(arm: dict) -> str:
 def keeping_drafter(load: LoadOptions, specs) -> LoadOptions:
     """The load options, with the drafter model kept where one of `specs` needs it (a tree of the
     drafter's builders, or auto held to --budget): otherwise a target streaming from disk may load
-    without it, its RAM given to the target's layers (plan/drafter_room.py), and its buffers sized for
+    without it, its RAM given to the target's layers (loading/drafter_room.py), and its buffers sized for
     the largest free tree among `specs` (`LoadOptions.free_tree_nodes`)."""
     needs = any(s is not None and (s.builder in MODEL_BUILDERS or (s.builder == "auto" and s.budget)) for s in specs)
     if needs and load.keep_drafter is False:
@@ -123,6 +123,6 @@ def keeping_drafter(load: LoadOptions, specs) -> LoadOptions:
 
 
 def load_pipeline(load: LoadOptions, answers: Answers | None = None) -> Pipeline:
-    """Load (and on first use download) the pipeline, with a spinner on stderr; answers: see `loading.Answers`."""
+    """Load (and on first use download) the pipeline, with a spinner on stderr; answers: see `loading/options.Answers`."""
     with err.status("loading models…") as spinner:
         return pipeline.load_pipeline(load, status=lambda message: spinner.update(literal(f"{message}…")), answers=answers)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ondevice.catalog.pairs import ModelPair
 from ondevice.cli.placement_view import target_place
-from ondevice.loading import LoadOptions
+from ondevice.loading.options import LoadOptions
 from ondevice.machine.ram import ram_budget
 from ondevice.plan.acceptance import MEASURED_PRIOR
 from ondevice.synthetic.forecast import Forecast, forecast, plan_config

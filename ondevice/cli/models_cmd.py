@@ -11,8 +11,10 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from ondevice import paths
 from ondevice.catalog import hub, refs
@@ -48,17 +50,11 @@ def models(predict: PredictOption = False, as_json: opt.Json = False) -> None:
     budget = ram_budget()
     title = (f"model pairs (* = default) · `ondevice download NAME` · `ondevice chat -m NAME`\n"
              f"on this machine: the target's place by the memory plan the loader uses, for {format_bytes(budget.bytes)} of RAM ({budget.source})")
-    table = Table(title=title, box=box.SIMPLE, title_justify="left")
-    for column, justify in (("name", "left"), ("family", "left"), ("target", "left"), ("size", "right"),
-                            ("drafter", "left"), ("size ", "right"), ("downloaded", "left"), ("on this machine", "left")):
-        table.add_column(column, justify=justify, no_wrap=column not in ("target", "on this machine"), overflow="fold")
+    pairs = sorted(list_pairs(), key=lambda p: (not p.default, p.family, _bytes(p.target) or 0, p.name))
     gpu = cuda_available()
-    for pair in sorted(list_pairs(), key=lambda p: (not p.default, p.family, _bytes(p.target) or 0, p.name)):
-        place = target_place(pair, budget) + (f"; GPU: {gpu_place(pair.target)}" if gpu else "")
-        table.add_row(*map(literal, (  # names and labels come from catalog files: printed as they are
-            pair.name + (" *" if pair.default else ""), pair.family, pair.target.label, _size_text(pair.target),
-            pair.drafter.label, _size_text(pair.drafter), _download_state(pair), place,
-        )))
+    places = {pair.name: target_place(pair, budget) + (f"; GPU: {gpu_place(pair.target)}" if gpu else "") for pair in pairs}
+    wide = console.width >= WIDE_COLUMNS
+    table = pairs_table(title, pairs, places) if wide else narrow_pairs_table(title, pairs, places, console.width)
     console.print(table)
     others = other_models()
     if others:
@@ -146,6 +142,49 @@ def _has_files(pair: ModelPair) -> bool:
 def _bytes(model_file: ModelFile) -> int | None:
     """The model's size: on disk, pinned, or approximate (None if unknown)."""
     return hub.downloaded_bytes(model_file) if hub.is_downloaded(model_file) else model_file.size or model_file.approx_size
+
+
+WIDE_COLUMNS = 150  # the full table's width: below it, the files go on a second line under each pair's name
+
+
+def pairs_table(title: str, pairs: list[ModelPair], places: dict[str, str]) -> Table:
+    """One line per pair: name, family, target and drafter files with their sizes, downloaded, place."""
+    table = Table(title=title, box=box.SIMPLE, title_justify="left")
+    for column, justify in (("name", "left"), ("family", "left"), ("target", "left"), ("size", "right"),
+                            ("drafter", "left"), ("size ", "right"), ("downloaded", "left"), ("on this machine", "left")):
+        table.add_column(column, justify=justify, no_wrap=column not in ("target", "on this machine"), overflow="fold")
+    for pair in pairs:
+        table.add_row(*map(literal, (  # names and labels come from catalog files: printed as they are
+            _pair_name(pair), pair.family, pair.target.label, _size_text(pair.target),
+            pair.drafter.label, _size_text(pair.drafter), _download_state(pair), places[pair.name],
+        )))
+    return table
+
+
+def narrow_pairs_table(title: str, pairs: list[ModelPair], places: dict[str, str], width: int) -> Group:
+    """A terminal narrower than WIDE_COLUMNS: fewer columns (name, downloaded, on this machine), each
+    pair's files and sizes on a second line under its name; a name is never cut."""
+    name_width = max(len(_pair_name(p)) for p in pairs)
+    place_width = max(len("on this machine"), width - name_width - len("downloaded") - 6)
+
+    def row(*cells, style: str = "") -> Table:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(width=name_width, no_wrap=True)
+        grid.add_column(width=len("downloaded"), no_wrap=True)
+        grid.add_column(width=place_width, overflow="fold")
+        grid.add_row(*(Text(cell, style=style) for cell in cells))  # catalog text: printed as it is, never as markup
+        return grid
+
+    lines: list = [Text(title), Text(""), row("name", "downloaded", "on this machine", style="bold")]
+    for pair in pairs:
+        files = f"{pair.target.label} {_size_text(pair.target)} + {pair.drafter.label} {_size_text(pair.drafter)}"
+        lines += [row(_pair_name(pair), _download_state(pair), places[pair.name]),
+                  Padding(Text(files, style="dim", overflow="fold"), (0, 0, 0, 2))]
+    return Group(*lines, Text(""))
+
+
+def _pair_name(pair: ModelPair) -> str:
+    return pair.name + (" *" if pair.default else "")
 
 
 def _size_text(model_file: ModelFile) -> str:

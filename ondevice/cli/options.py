@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 import typer
 
 from ondevice.cli.decoding import Decoding
-from ondevice.loading import LoadOptions
+from ondevice.loading.options import LoadOptions
 
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")]
 Temperature = Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy (exactly the target's argmax); > 0 samples exactly from the target.")]

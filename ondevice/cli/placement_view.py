@@ -8,16 +8,16 @@ from ondevice.catalog import hub
 from ondevice.catalog.pairs import ModelFile, ModelPair
 from ondevice.errors import OndeviceError
 from ondevice.machine.ram import RamBudget
-from ondevice.plan.memory import ModelSize, plan_memory
-from ondevice.protocols import MAX_BUDGET
+from ondevice.loading.memory import ModelSize, plan_memory
+from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.quant_mix import preset_size
 from ondevice.synthetic.shapes import find_shape
-from ondevice.target.page_cache import WINDOW_AHEAD
+from ondevice.targets.page_cache import WINDOW_AHEAD
 
 
 def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 4096) -> str:
-    """Where the pair's target would live here, by plan/memory.py: in RAM, or streamed from disk.
+    """Where the pair's target would live here, by loading/memory.py: in RAM, or streamed from disk.
     Sizes from the downloaded files' headers, else from the catalog's shape preset and size."""
     try:
         target, drafter = model_size(pair.target), model_size(pair.drafter)
@@ -31,7 +31,7 @@ def target_place(pair: ModelPair, budget: RamBudget | None = None, n_ctx: int = 
 def place(target: ModelSize, drafter: ModelSize | None, budget: RamBudget | None = None, n_ctx: int = 4096,
           tree_nodes: int | None = None) -> str:
     """Where a target of this size would live here beside this drafter, by the plan the loader makes
-    (tree_nodes: the largest tree without a drafter model, as `loading.plan_for` gives it)."""
+    (tree_nodes: the largest tree without a drafter model, as `loading/plan.plan_for` gives it)."""
     plan = plan_memory(target, drafter, n_ctx=n_ctx, budget=budget, ahead=WINDOW_AHEAD, tree_nodes=tree_nodes)  # as the loader plans it
     if plan.target_in_ram:
         return "fits in RAM"
@@ -47,8 +47,8 @@ def gpu_place(model: ModelFile, device: str = "cuda", gpu_memory: str | None = N
         return "planned once downloaded"
     import torch  # lazy: torch (~1 s), and the torch target's modules, only when a GPU is there to plan for
 
-    from ondevice.target.offloaded import plan_offload  # lazy: imports torch
-    from ondevice.target.torch_target import default_dtype  # lazy: imports torch
+    from ondevice.targets.offloaded import plan_offload  # lazy: imports torch
+    from ondevice.targets.torch_target import default_dtype  # lazy: imports torch
 
     try:
         plan = plan_offload(hub.local_path(model), device, default_dtype(torch.device(device)), n_ctx, gpu_memory, ram_memory, max_tree=MAX_BUDGET)

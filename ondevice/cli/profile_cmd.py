@@ -23,7 +23,8 @@ from ondevice.catalog.choose import is_catalog_name
 from ondevice.catalog.pairs import load_pair
 from ondevice.cli import options as opt
 from ondevice.cli.literal import literal, say
-from ondevice.loading import LoadOptions, load_backends
+from ondevice.loading.choices import load_backends
+from ondevice.loading.options import LoadOptions
 from ondevice.plan.auto import AutoPlanner
 from ondevice.plan.backends import BackendOption, backend_options, best_backends
 from ondevice.plan.cost_model import Plan, plan_as_dict

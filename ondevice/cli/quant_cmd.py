@@ -22,7 +22,7 @@ from ondevice.cli import options as opt
 from ondevice.vocabtrim.head import TrimmedContext, TrimmedHead
 from ondevice.plan.latency import measure_drafter_curve
 from ondevice.llama_backend import LlamaContext, LlamaModel
-from ondevice.prompt.sets import CALIBRATION, EVAL
+from ondevice.bench.prompt_sets import CALIBRATION, EVAL
 from ondevice.vocabtrim.build import TOKENS_KEY, always_kept_ids, build_trimmed, calibration_token_counts, coverage, top_k_tokens, trimmed_paths
 
 app = typer.Typer(no_args_is_help=True)
@@ -67,7 +67,7 @@ def vocab_trim_command(
     keep_ids = top_k_tokens(counts, k, always_kept)
     with status_console.status("writing the trimmed drafter"):
         description = (
-            f"{len(calibration)} calibration prompts (ondevice.prompt.sets.CALIBRATION), answered greedily by "
+            f"{len(calibration)} calibration prompts (ondevice.bench.prompt_sets.CALIBRATION), answered greedily by "
             f"{pair.target.label}, at most {max_tokens} tokens each; {int(counts.sum()):,} tokens counted"
         )
         record = build_trimmed(files.drafter, keep_ids, description, reader=reader)

@@ -10,8 +10,8 @@ import typer
 from ondevice.cli import options as opt
 from ondevice.cli.decoding import Decoding, err, keeping_drafter, load_pipeline, stats_line
 from ondevice.cli.literal import say
-from ondevice.engine import Stats
-from ondevice.loading import Answers, LoadOptions
+from ondevice.decode.engine import Stats
+from ondevice.loading.options import Answers, LoadOptions
 from ondevice.prompt.text import check_text
 
 

@@ -12,9 +12,9 @@ from ondevice.cli import options as opt
 from ondevice.cli.decoding import err, keeping_drafter, load_pipeline, make_spec
 from ondevice.cli.literal import literal, say
 from ondevice.errors import OndeviceError
-from ondevice.loading import LoadOptions
+from ondevice.loading.options import LoadOptions
 from ondevice.sizes import parse_size
-from ondevice.verify import Sampling
+from ondevice.decode.verify import Sampling
 
 
 @opt.load_options

@@ -22,8 +22,8 @@ from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import GGUFHeader
 from ondevice.machine.ram import RamBudget
-from ondevice.plan.memory import ModelSize
-from ondevice.protocols import FREE_TREE_NODES
+from ondevice.loading.memory import ModelSize
+from ondevice.decode.protocols import FREE_TREE_NODES
 from ondevice.sizes import format_bytes
 
 

@@ -20,7 +20,7 @@ from ondevice.cli.decoding import console, err
 from ondevice.cli.forecast_view import forecast_record
 from ondevice.cli.literal import say
 from ondevice.errors import OndeviceError
-from ondevice.loading import LoadOptions
+from ondevice.loading.options import LoadOptions
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.cache import SyntheticMeasurement
 from ondevice.synthetic.forecast import Forecast, forecast_measured, plan_config

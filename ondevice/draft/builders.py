@@ -27,8 +27,8 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ondevice.draft.search_tree import SearchTree, log_probs, sampled_children, top_children
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.tree import DraftTree
 
 MULTI_SEQ_MAX_SEQUENCES = 8  # DuoDecoding's cap on first-position candidates
 # best-first decodes together only the frontier nodes within BATCH_SPREAD nats of the best one: the

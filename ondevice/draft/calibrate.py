@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 BINS = 10  # stated step probabilities in [0, .1), [.1, .2), … [.9, 1]
 PRIOR = 4.0  # pseudo-observations at the stated probability each bin starts with

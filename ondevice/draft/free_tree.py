@@ -7,7 +7,7 @@ best nodes of a trie always form a tree (ancestor-closed). Merged proposals keep
 highest step any source gave it (the most confident source wins); siblings are ranked by score,
 ties by the order the sources were merged in.
 
-Verification (ondevice.verify): greedy and SpecExec accept the child equal to the target's own
+Verification (ondevice.decode.verify): greedy and SpecExec accept the child equal to the target's own
 choice, so any proposed tree is exact and no draft probabilities are needed. Sequoia's rule needs
 children drawn from q: a deterministic proposal is a draw from a point mass, so for it the tree is
 cut to its best chain with q one-hot at each node (`point_mass_chain`) — exact, as for prompt lookup.
@@ -19,7 +19,7 @@ import heapq
 
 import numpy as np
 
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 
 class FreeTrie:
@@ -56,23 +56,34 @@ class FreeTrie:
 
     def best(self, budget: int, max_depth: int | None = None) -> DraftTree:
         """The `budget` best-scoring nodes, best-first from the root (so a tree), none deeper than max_depth."""
-        tokens, parents, logprobs = [self.tokens[0]], [-1], [0.0]
-        heap: list[tuple[float, int, int, int]] = []  # (-score, trie node, out parent, depth)
 
-        def push_children(node: int, out: int, depth: int) -> None:
+        def scored(node: int, score: float, depth: int):
             if max_depth is not None and depth >= max_depth:
-                return
-            for child in self.children[node].values():
-                heapq.heappush(heap, (-(logprobs[out] + self.steps[child]), child, out, depth + 1))
+                return ()
+            return ((child, score + self.steps[child], child) for child in self.children[node].values())
 
-        push_children(0, 0, 0)
-        while heap and len(tokens) <= budget:
-            neg_score, node, out_parent, depth = heapq.heappop(heap)
-            tokens.append(self.tokens[node])
-            parents.append(out_parent)
-            logprobs.append(-neg_score)
-            push_children(node, len(tokens) - 1, depth)
-        return DraftTree(np.array(tokens), np.array(parents), np.array(logprobs))
+        return best_subtree(self.tokens, scored, budget)
+
+
+def best_subtree(tokens_of: list[int], scored_children, budget: int) -> DraftTree:
+    """The `budget` best-scoring nodes of a trie (node 0 its root; tokens_of[node] its token), taken
+    best-first from the root, so that they form a tree. scored_children(node, score, depth) gives
+    (child, its score, a key that orders equal scores) for each child worth taking."""
+    tokens, parents, logprobs = [tokens_of[0]], [-1], [0.0]
+    heap: list[tuple[float, float, int, int, int]] = []  # (-score, tie key, trie node, out parent, depth)
+
+    def push_children(node: int, out: int, depth: int) -> None:
+        for child, score, tie in scored_children(node, logprobs[out], depth):
+            heapq.heappush(heap, (-score, tie, child, out, depth + 1))
+
+    push_children(0, 0, 0)
+    while heap and len(tokens) <= budget:
+        neg_score, _, node, out_parent, depth = heapq.heappop(heap)
+        tokens.append(tokens_of[node])
+        parents.append(out_parent)
+        logprobs.append(-neg_score)
+        push_children(node, len(tokens) - 1, depth)
+    return DraftTree(np.array(tokens), np.array(parents), np.array(logprobs))
 
 
 def merge_trees(trees: list[DraftTree], budget: int, max_depth: int | None = None) -> DraftTree:
@@ -83,23 +94,10 @@ def merge_trees(trees: list[DraftTree], budget: int, max_depth: int | None = Non
     return trie.best(budget, max_depth)
 
 
-def best_chain(tree: DraftTree) -> list[int]:
-    """Node ids root→leaf following, at each node, the child with the highest score (the first on ties)."""
-    best: dict[int, int] = {}
-    for i in range(1, len(tree)):
-        p = int(tree.parents[i])
-        if p not in best or tree.logprobs[i] > tree.logprobs[best[p]]:
-            best[p] = i
-    path = [0]
-    while path[-1] in best:
-        path.append(best[path[-1]])
-    return path
-
-
 def point_mass_chain(tree: DraftTree, n_vocab: int) -> DraftTree:
     """The best chain of `tree`, each node's one child a draw from the point mass on it (q one-hot):
     the tree Sequoia's rule verifies exactly for a deterministic proposal."""
-    path = best_chain(tree)
+    path = tree.likely_path()
     chain = DraftTree(tree.tokens[path], np.arange(-1, len(path) - 1), tree.logprobs[path])
     for child in range(1, len(chain)):
         q = np.zeros(n_vocab, dtype=np.float64)

@@ -36,7 +36,7 @@ import numpy as np
 
 from ondevice.draft.builders import BATCH_SPREAD, Round
 from ondevice.draft.search_tree import SearchTree, top_children
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 COVER_P = 0.9  # a free child this likely covers its parent: the drafter does not expand the parent for its own sake
 

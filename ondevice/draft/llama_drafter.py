@@ -15,7 +15,7 @@ from ondevice.draft.tree_cache import DraftKV
 from ondevice.vocabtrim.head import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 
 
 class LlamaDrafter(ModelDrafter):
@@ -26,7 +26,7 @@ class LlamaDrafter(ModelDrafter):
     target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
     ids the target lacks are never drafted, and a context holding an id the drafter lacks gets no draft.
     max_tree: the biggest tree it will be asked for (its KV cells, sequences and logits rows are
-    sized for it: `ondevice.plan.memory`). resident: weights read into anonymous memory rather than
+    sized for it: `ondevice.loading.memory`). resident: weights read into anonymous memory rather than
     mapped, so a target streaming through the page cache cannot evict them.
     """
 

@@ -1,7 +1,7 @@
 """Opening a drafter: the drafter model on its backend, and the router that puts the free prompt-lookup
 drafter beside it.
 
-`loading.plan_load` chooses the backend and plans the memory; this file only opens what it chose.
+`loading/choices.plan_load` chooses the backend and plans the memory; this file only opens what it chose.
 """
 
 from __future__ import annotations

@@ -28,14 +28,14 @@ edited prompt) needs no bookkeeping, and no n-gram index is worth keeping.
 
 from __future__ import annotations
 
-import heapq
 from typing import Sequence
 
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import Drafter, DraftSpec
+from ondevice.decode.tree import DraftTree
+from ondevice.draft.free_tree import best_subtree
 
 MAX_NGRAM = 3
 # Bigrams, not unigrams: in a few thousand tokens almost every single token has occurred before, so
@@ -96,27 +96,17 @@ class _Trie:
 
     def best(self, budget: int, chain_only: bool = False) -> DraftTree:
         """The `budget` nodes with the highest path score, best-first from the root (a subtree)."""
-        tokens, parents, logprobs = [self.tokens[0]], [-1], [0.0]
-        heap: list[tuple[float, int, int, int]] = []  # (-score, depth, trie node, out parent)
 
-        def push_children(node: int, out: int, depth: int) -> None:
+        def scored(node: int, score: float, depth: int):
             kids = self.ranked_children(node)[: 1 if chain_only else None]
             for rank, child in enumerate(kids):
                 share = self.support[child] / self.support[node]
-                score = logprobs[out] + np.log(share * LEVEL_ACCEPT) - RANK_EPSILON * rank
-                heapq.heappush(heap, (-score, depth + 1, child, out))
+                yield child, score + np.log(share * LEVEL_ACCEPT) - RANK_EPSILON * rank, depth + 1
 
-        push_children(0, 0, 0)
-        while heap and len(tokens) <= budget:
-            neg_score, depth, node, out_parent = heapq.heappop(heap)
-            tokens.append(self.tokens[node])
-            parents.append(out_parent)
-            logprobs.append(-neg_score)
-            push_children(node, len(tokens) - 1, depth)
-        return DraftTree(np.array(tokens), np.array(parents), np.array(logprobs))
+        return best_subtree(self.tokens, scored, budget)
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Drafter protocol with no model: n-gram matches in the context propose a trie of continuations."""
 
     def __init__(self, n_vocab: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM, max_matches: int = MAX_MATCHES):

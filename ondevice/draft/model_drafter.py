@@ -24,8 +24,8 @@ from ondevice.draft.builders import BATCH_SPREAD, Round, build_best_first, build
 from ondevice.draft.hybrid import build_hybrid
 from ondevice.draft.search_tree import SearchTree
 from ondevice.errors import OndeviceError
-from ondevice.protocols import MAX_BUDGET, MODEL_BUILDERS, DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import MAX_BUDGET, MODEL_BUILDERS, Drafter, DraftSpec
+from ondevice.decode.tree import DraftTree
 
 GROW_BATCH = 1  # nodes per expansion while the target verifies: one, so the search stops soon after the pass
 
@@ -46,7 +46,7 @@ def carries_search(spec: DraftSpec) -> bool:
     return spec.builder == "best-first" and not (spec.sample_children and spec.temperature > 0)
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """The Drafter protocol over a backend's `cache`; subclasses set cache, n_ctx, n_vocab, max_batch
     (and call `limit_vocab` when the target's vocabulary is shorter)."""
 

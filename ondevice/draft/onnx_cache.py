@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.draft.search_tree import SearchTree
-from ondevice.kvcache import CachedContext, kept_prefix
+from ondevice.decode.kvcache import CachedContext, kept_prefix
 from ondevice.onnx.decoder import OnnxDecoder, causal_mask
 
 SYNC_CHUNK = 256  # context tokens per decoder call

@@ -16,7 +16,7 @@ from ondevice.draft.onnx_cache import OnnxDraftKV
 from ondevice.onnx.decoder import OnnxDecoder
 from ondevice.onnx.export import ACCURACY_INT8, ensure_export
 from ondevice.onnx.export_files import DRAFTER_INT4_BLOCK as INT4_BLOCK
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.vocabtrim.head import TrimmedHead
 
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from ondevice.draft.free_tree import for_rule
 from ondevice.errors import OndeviceError
-from ondevice.protocols import DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import Drafter, DraftSpec
+from ondevice.decode.tree import DraftTree
 
 TOP_K = 8  # candidates kept per token (the paper's k)
 LEARN_ROWS = 8  # logits rows read per verification pass (see the module docstring)
@@ -71,7 +71,7 @@ def top_k_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return tokens.astype(np.int64), (vals - top - np.log(mass)[:, None]).astype(np.float32)
 
 
-class TokenRecycler:
+class TokenRecycler(Drafter):
     """Drafter protocol with no model: BFS over the target's recycled candidates."""
 
     def __init__(self, n_vocab: int, top_k: int = TOP_K, learn_rows: int = LEARN_ROWS):

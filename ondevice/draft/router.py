@@ -35,11 +35,11 @@ from ondevice.draft.recycle import TokenRecycler
 from ondevice.draft.sizing import sized
 from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.errors import OndeviceError
-from ondevice.protocols import BUILDERS, FREE_BUILDERS, MODEL_BUILDERS, TARGET_FREE, Drafter, DraftSpec
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import BUILDERS, FREE_BUILDERS, MODEL_BUILDERS, TARGET_FREE, Drafter, DraftSpec
+from ondevice.decode.tree import DraftTree
 
 
-class DraftRouter:
+class DraftRouter(Drafter):
     def __init__(self, model: Drafter | None, lookup: Drafter, suffix: SuffixDrafter | None = None, recycler: TokenRecycler | None = None):
         self.model = model
         self.lookup = lookup
@@ -103,15 +103,15 @@ class DraftRouter:
 
     def grows(self, spec: DraftSpec) -> bool:
         """Whether the drafter model can grow this round's search while the target verifies it."""
-        return spec.builder in MODEL_BUILDERS and self.model is not None and getattr(self.model, "grows", lambda s: False)(spec)
+        return spec.builder in MODEL_BUILDERS and self.model is not None and self.model.grows(spec)
 
     def grow(self, should_stop) -> int:
         return self.model.grow(should_stop)
 
     @property
     def carried_fraction(self) -> float:
-        return getattr(self.model, "carried_fraction", 0.0)
+        return self.model.carried_fraction if self.model is not None else 0.0
 
     def close(self) -> None:
-        if hasattr(self.model, "close"):
+        if self.model is not None:
             self.model.close()

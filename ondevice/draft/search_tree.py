@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 
 def log_probs(logits: np.ndarray, temperature: float) -> np.ndarray:

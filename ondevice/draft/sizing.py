@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 
 def best_size(path_logprobs: np.ndarray, pass_seconds: Sequence[float]) -> int:

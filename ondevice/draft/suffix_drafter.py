@@ -40,8 +40,8 @@ import numpy as np
 from ondevice.draft.free_tree import for_rule
 from ondevice.draft.suffix_automaton import SuffixAutomaton
 from ondevice.errors import OndeviceError
-from ondevice.protocols import MAX_BUDGET, DraftSpec
-from ondevice.tree import DraftTree, common_prefix
+from ondevice.decode.protocols import MAX_BUDGET, Drafter, DraftSpec
+from ondevice.decode.tree import DraftTree, common_prefix
 
 HISTORY_TOKENS = 16_384  # tokens the older automaton holds at most (see "Bounded memory")
 MIN_MATCH = 2  # a shorter match proposes nothing (in a few thousand tokens every single token recurs)
@@ -107,7 +107,7 @@ class SuffixIndex:
         return state, self.older.length[state]
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Drafter protocol with no model: continuations of the context's longest earlier match."""
 
     def __init__(self, n_vocab: int, history: int = HISTORY_TOKENS, min_match: int = MIN_MATCH):

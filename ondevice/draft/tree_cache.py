@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.draft.search_tree import SearchTree
-from ondevice.kvcache import CachedContext, kept_prefix
+from ondevice.decode.kvcache import CachedContext, kept_prefix
 from ondevice.llama_backend import LlamaContext
 
 MAIN_SEQ = 0

@@ -25,7 +25,6 @@ import glob
 import json
 from pathlib import Path
 
-from ondevice.draft.free_tree import best_chain
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.draft.router import DraftRouter
 from ondevice.draft.suffix_drafter import SuffixDrafter
@@ -33,9 +32,9 @@ from ondevice.errors import OndeviceError
 from ondevice.paths import home
 from ondevice.plan.curve import LatencyCurve
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, follow
-from ondevice.prompt import sets as prompt_sets
-from ondevice.protocols import TARGET_FREE, DraftSpec
-from ondevice.tree import common_prefix
+from ondevice.bench import prompt_sets
+from ondevice.decode.protocols import TARGET_FREE, DraftSpec
+from ondevice.decode.tree import common_prefix
 
 CEILING_CHAIN = 64  # the longest chain the ceiling looks at
 
@@ -75,7 +74,7 @@ def ceiling_seconds(answers: list[tuple[list[int], list[int]]], curve: LatencyCu
             context = prompt + answer[:i]
             suffix.index.sync(context)
             tree = suffix.propose(context[-1], CEILING_CHAIN)
-            chain = [int(tree.tokens[j]) for j in best_chain(tree)[1:]]
+            chain = [int(tree.tokens[j]) for j in tree.likely_path()[1:]]
             run = common_prefix(chain, answer[i : len(answer) - 1])  # the last token is the target's own
             i += run + 1
             seconds, passes = seconds + curve(run + 1), passes + 1

@@ -83,8 +83,8 @@ def pipeline(target_name: str, drafter_name: str, device: str, gpu_memory: str, 
 
 def engine_run(target, drafter, prompt: list[int], config, overlap: bool, max_tokens: int) -> dict:
     """One answer of max_tokens through SpecEngine, as `ondevice generate` decodes it."""
-    from ondevice.engine import SpecEngine, Stats  # lazy: as the step's other imports
-    from ondevice.protocols import DraftSpec, config_label
+    from ondevice.decode.engine import SpecEngine, Stats  # lazy: as the step's other imports
+    from ondevice.decode.protocols import DraftSpec, config_label
 
     spec = DraftSpec(config[0], budget=config[1]) if config else None
     engine = SpecEngine(target, drafter if config else None, is_end=lambda t: False, overlap=overlap)
@@ -107,7 +107,7 @@ def engine_run(target, drafter, prompt: list[int], config, overlap: bool, max_to
 def round_parts(target, drafter, prompt: list[int], config, repeats: int = 3) -> dict:
     """A tree's draft alone, its target pass alone, and both at once (the draft in a thread while the
     pass runs on this one), medians of `repeats`: a round's cost when the overlap's guess comes true."""
-    from ondevice.protocols import DraftSpec, config_label  # lazy: as the step's other imports
+    from ondevice.decode.protocols import DraftSpec, config_label  # lazy: as the step's other imports
 
     spec = DraftSpec(config[0], budget=config[1])
     contexts = [prompt + [int(t)] for t in (7, 11)]  # alternate: every call rolls back and decodes one token

@@ -125,7 +125,7 @@ def quarter_budget(shape, device: str, n_ctx: int, max_tree: int) -> str:
 
     from ondevice.synthetic.offloaded import model_args, virtual_index  # lazy: as torch
     from ondevice.synthetic.quant_mix import preset_tensors  # lazy: as torch
-    from ondevice.target.offloaded import meta_layouts, place_layers  # lazy: as torch
+    from ondevice.targets.offloaded import meta_layouts, place_layers  # lazy: as torch
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     model, layouts = meta_layouts(model_args(shape), dtype, torch.float32, virtual_index(preset_tensors(shape)))

@@ -14,7 +14,7 @@ from pathlib import Path
 from ondevice.bench.llamacpp_rows import llamacpp_name, run_named
 from ondevice.catalog.choose import choose
 from ondevice.machine.ram import peak_rss
-from ondevice.prompt import sets as prompt_sets
+from ondevice.bench import prompt_sets
 from ondevice.prompt.tokenizer import Tokenizer
 
 

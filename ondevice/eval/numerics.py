@@ -3,7 +3,7 @@
 Verifying n drafted tokens in one pass runs other kernels than decoding them one at a time, so the
 logits differ slightly. Greedy decoding stays exact as long as that difference never flips an
 argmax, i.e. wherever the target's top-1/top-2 margin exceeds the noise. `measure_batch_noise`
-measures the noise of any `ondevice.protocols.Target`; tests and benchmarks compare divergences
+measures the noise of any `ondevice.decode.protocols.Target`; tests and benchmarks compare divergences
 against it (DESIGN.md, "Exactness and numerics").
 """
 
@@ -14,9 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.protocols import Target
-from ondevice.reference import greedy_reference
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import Target
+from ondevice.decode.reference import greedy_reference
+from ondevice.decode.tree import DraftTree
 
 
 def top2_margin(logits_row: np.ndarray) -> float:
@@ -136,9 +136,9 @@ def main() -> None:
     from ondevice.catalog.hub import ensure_pair
     from ondevice.catalog.pairs import load_pair
     from ondevice.machine.facts import machine_facts
-    from ondevice.prompt.sets import CHAT_EVAL, CODE_EVAL
+    from ondevice.bench.prompt_sets import CHAT_EVAL, CODE_EVAL
     from ondevice.prompt.tokenizer import Tokenizer
-    from ondevice.target.llama_target import LlamaTarget
+    from ondevice.targets.llama_target import LlamaTarget
 
     parser = argparse.ArgumentParser(description="This machine's batch noise: logits of passes of n tokens vs one token at a time.")
     parser.add_argument("--sizes", default="2,8,64", help="pass sizes, comma-separated (at most 64)")
@@ -154,7 +154,7 @@ def main() -> None:
     runs = [("llama.cpp 1.5B", lambda: LlamaTarget(pair.target, n_ctx=512, threads=2)),
             ("llama.cpp 0.5B", lambda: LlamaTarget(pair.drafter, n_ctx=512, threads=2))]  # fmt: skip
     if args.torch:
-        from ondevice.target.torch_target import TorchTarget  # lazy: torch (~1 s) only with --torch
+        from ondevice.targets.torch_target import TorchTarget  # lazy: torch (~1 s) only with --torch
 
         runs.append(("torch fp32 1.5B", lambda: TorchTarget.from_gguf(pair.target, n_ctx=512, threads=2)))
     for name, make in runs:

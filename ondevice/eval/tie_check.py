@@ -22,9 +22,9 @@ from pathlib import Path
 from ondevice.catalog.hub import local_path
 from ondevice.catalog.pairs import load_pair
 from ondevice.eval.numerics import greedy_misses, pass_noise
-from ondevice.prompt import sets as prompt_sets
+from ondevice.bench import prompt_sets
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.target.llama_target import LlamaTarget
+from ondevice.targets.llama_target import LlamaTarget
 
 
 def open_target(path: Path, placement: dict | None, n_ctx: int, sizes: list[int], threads: int) -> LlamaTarget:

@@ -37,7 +37,7 @@ MAX_HPARAM = (1 << 31) - 1  # llama.cpp keeps them in 32-bit integers
 TENSOR_ALIGNMENT = 32  # ggml's CPU buffers (ggml-backend.c TENSOR_ALIGNMENT): a mapped file's tensors must start at it
 EPSILONS = ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "attention.group_norm_epsilon")  # ggml asserts eps >= 0
 # `{arch}.` hyperparameters that must be whole numbers when present (llama.cpp reads them as integers;
-# plan/memory.py does arithmetic with them).
+# loading/memory.py does arithmetic with them).
 INT_HPARAMS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
                "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
                "expert_count", "expert_used_count", "expert_group_count", "expert_group_used_count",

@@ -171,7 +171,7 @@ def _status_bytes(field: str) -> int | None:
 def peak_rss(counted_twice: int = 0) -> int:
     """The most resident memory this process has had (anonymous + mapped file pages), less
     `counted_twice`: bytes the kernel's count holds more than once — it counts every mapping of a
-    page, and a streaming target's layers share a few slots (target/direct_window.py)."""
+    page, and a streaming target's layers share a few slots (targets/direct_window.py)."""
     return max(0, (_status_bytes("VmHWM") or psutil.Process().memory_info().rss) - counted_twice)
 
 

@@ -58,7 +58,7 @@ def gguf_names_from_table(
     table: Mapping[str, str], block_prefix: str = "layers.{i}."
 ) -> Callable[[int], dict[str, str]]:
     """A `names` function for gguf_layouts from a {GGUF name: model name} table whose per-layer
-    entries use "{i}" (like ondevice.target.weights' table): block i's parameter → GGUF tensor.
+    entries use "{i}" (like ondevice.targets.weights' table): block i's parameter → GGUF tensor.
     Entries for parameters a block does not have (e.g. Llama's missing biases) are ignored."""
 
     def names(i: int) -> dict[str, str]:

@@ -16,7 +16,7 @@ Kept encoded, a Q4_K_M layer takes 0.28 of its bfloat16 size: on an H100 a synth
 layer (312 MB as GGUF blocks) took 0.77 ms to decode with the Triton kernels (quant/gguf_triton.py)
 and 5.9 ms to copy in from pinned RAM, so where decoding is that fast the room on the device holds
 3.6 times as many layers encoded as decoded, each one a copy fewer per pass. The target chooses it
-(target/offloaded.py: `keep_encoded` None = where the Triton kernels decode every tensor).
+(targets/offloaded.py: `keep_encoded` None = where the Triton kernels decode every tensor).
 
 Sizes in budgets are read by `ondevice.sizes.parse_size` ("6GiB", "500MB", "1.5G").
 """

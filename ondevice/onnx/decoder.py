@@ -18,10 +18,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from ondevice.kvcache import move_entries
+from ondevice.decode.kvcache import move_entries
 from ondevice.onnx.export import OnnxExport
 from ondevice.onnx.session import open_session
-from ondevice.target.torch_model import rope_angles, rope_inv_freq
+from ondevice.targets.torch_model import rope_angles, rope_inv_freq
 
 
 class OnnxDecoder:

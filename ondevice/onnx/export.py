@@ -49,8 +49,8 @@ from ondevice.onnx.nbits import (
 from ondevice.onnx.session import fallback_error, kernel_ratios
 from ondevice.paths import write_json
 from ondevice.quant.gguf_blocks import FLOAT_TYPES
-from ondevice.target import weights as W
-from ondevice.target.torch_model import ModelArgs
+from ondevice.targets import weights as W
+from ondevice.targets.torch_model import ModelArgs
 
 ACCURACY_FP32 = 0  # float32 activations: slower, for checking the weight mapping
 ALIGN = 4096  # external tensors start on page boundaries (ORT can map them)

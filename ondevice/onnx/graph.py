@@ -1,5 +1,5 @@
 """The decoder as ONNX graphs: a body (input embeddings → final-normed hidden states, KV cache in
-place) and a head (hidden states → logits), the same computation as `target/torch_model.py`.
+place) and a head (hidden states → logits), the same computation as `targets/torch_model.py`.
 
 Body inputs (T new tokens, S = slots attended = cache slots before them + T):
   embeds (1, T, C) float32            the tokens' input embeddings (looked up on the host)
@@ -26,7 +26,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from ondevice.onnx.nbits import CORRECTION_GROUP, NBitsWeight, stack_rows
-from ondevice.target.torch_model import ModelArgs
+from ondevice.targets.torch_model import ModelArgs
 
 OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
 MS = "com.microsoft"

@@ -1,4 +1,4 @@
-"""OnnxTarget: the `ondevice.protocols.Target` on ONNX Runtime (CPU), from the GGUF's own weights.
+"""OnnxTarget: the `ondevice.decode.protocols.Target` on ONNX Runtime (CPU), from the GGUF's own weights.
 
 The decoder is our model exported once (`ondevice.onnx.export`, cached next to the GGUF) with its
 matrices in MatMulNBits, whose integer GEMM reuses each weight block across all the tokens of a
@@ -15,15 +15,16 @@ from typing import Sequence
 
 import numpy as np
 
-from ondevice.kvcache import TreeSlots
+from ondevice.decode.kvcache import TreeSlots
+from ondevice.decode.protocols import Target
 from ondevice.onnx.decoder import OnnxDecoder, causal_mask
 from ondevice.onnx.export import ACCURACY_INT8, ensure_export
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 PREFILL_CHUNK = 256  # tokens per prefill pass (bounds the attention bias and activations)
 
 
-class OnnxTarget:
+class OnnxTarget(Target):
     def __init__(self, decoder: OnnxDecoder, n_ctx: int):
         self.decoder = decoder
         self.n_vocab = decoder.args.vocab_size

@@ -14,7 +14,7 @@ import numpy as np
 
 from ondevice.paths import home, read_state, state_file, write_json
 from ondevice.plan.sequoia import MAX_RANK
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 # Prior for p[k], Qwen2.5-Coder 0.5B drafting for 1.5B (Q4_K_M), measured here by teacher forcing on
 # target text: the drafter's top-1 is the target's argmax 86% of the time, its top-4 holds it 98%.

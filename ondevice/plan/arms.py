@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ondevice.paths import read_state, state_file, write_json
-from ondevice.protocols import FREE_BUILDERS, TARGET_FREE, DraftSpec
+from ondevice.decode.protocols import FREE_BUILDERS, TARGET_FREE, DraftSpec
 
 PRIOR_TOKENS = 8.0  # W: a prediction's worth, in measured tokens
 OPTIMISM = 2.0  # how far off a prediction may be; an unmeasured arm may be this much faster

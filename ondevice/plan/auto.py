@@ -20,7 +20,7 @@ way. `ondevice profile` measures everything on demand. Where the target is on a 
 (`ProfileBackends.profile_first`) the profile is measured before the first answer: seconds there.
 
 A target that streams from disk has its own profile (measured streaming, in a child process before
-loading: loading.streaming_profile). Drafting while the target verifies (DuoDecoding, overlap.py)
+loading: loading/profiling.streaming_profile). Drafting while the target verifies (DuoDecoding, decode/overlap.py)
 is priced with what overlapped rounds achieved (`hit_scale`, `overlap_scale`).
 """
 
@@ -35,15 +35,15 @@ from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
 from ondevice.plan.cost_model import Plan, predict
-from ondevice.plan.drafter_room import ALONE_CONTEXT
 from ondevice.plan.curve import Curves, LatencyCurve, provisional_curve, upto
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, LookupTracker, lookup_plan, replay
 from ondevice.plan.idle_profile import IdleProfiler
+from ondevice.plan.latency import ALONE_CONTEXT
 from ondevice.plan.model_arms import BuilderGains, model_plans
 from ondevice.plan.profile import Profile, get_profile, saved_profile
 from ondevice.plan.rescale import PassTimes, context_growth
-from ondevice.protocols import TARGET_FREE, DraftSpec
-from ondevice.verify import Sampling
+from ondevice.decode.protocols import TARGET_FREE, DraftSpec
+from ondevice.decode.verify import Sampling
 
 CPU_MAX_TREE = 256  # on a CPU target the pass cost grows steeply; never worth profiling bigger trees
 REPLAN_CHANGE = 0.15  # re-price the target alone and lookup when the target's curve moved by more than this ...

@@ -4,7 +4,7 @@ Per target pass we pay for drafting and for verifying, and we emit E = E[accepte
 
     sequential:  s/token = (t_draft + t_target(n)) / E
     overlapped (DuoDecoding: the next tree is drafted while the target verifies, for the outcome
-    "the target accepts the drafter's top-1 path"; see overlap.py):
+    "the target accepts the drafter's top-1 path"; see decode/overlap.py):
                  s/token = (max(t_target(n), t_draft) + (1 − h)·t_draft) / E
 
 with n = budget + 1 tree nodes (the root too), E from Sequoia's DP (sequoia.py) or the chain formula,
@@ -36,7 +36,7 @@ import numpy as np
 
 from ondevice.plan.curve import Curves, pass_sizes
 from ondevice.plan.sequoia import MAX_DEPTH, chain_tokens_per_pass, sequoia_table
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 
 # drafted nodes per pass: those whose pass (with the root) is one a profile times — 2^k or 2^k + 1
 # nodes (curve.pass_sizes): filled to a tile edge, or one past it, priced as measured

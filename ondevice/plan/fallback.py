@@ -33,9 +33,9 @@ from ondevice.plan.curve import Curves
 from ondevice.plan.acceptance import acceptance_file
 from ondevice.plan.cost_model import Plan
 from ondevice.paths import read_state, write_json
-from ondevice.protocols import Drafter, DraftSpec
-from ondevice.tree import DraftTree
-from ondevice.verify import child_index
+from ondevice.decode.protocols import Drafter, DraftSpec
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import child_index
 
 # Prior: little of the text matches and few drafted tokens are accepted, so on a steep CPU target
 # curve (t(2) ≈ 1.5·t(1)) lookup must first prove itself; on a flat (offloaded) curve it still wins,

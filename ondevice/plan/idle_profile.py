@@ -4,7 +4,7 @@ A first chat has no profile: the planner starts on the target alone and a provis
 the profile (the target's and the drafter's pass curves, plan/profile.py) is measured one sample at
 a time between answers, when the caller has nothing else to do (`ondevice chat` while you type). A
 profile measured on a busy machine is measured again, once a session. A streaming target's profile
-is measured apart, before loading (loading.streaming_profile), never here.
+is measured apart, before loading (loading/profiling.streaming_profile), never here.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
 from ondevice.plan.timing import Timing, run_steps, timing_steps
-from ondevice.protocols import MAX_BUDGET
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import MAX_BUDGET
+from ondevice.decode.tree import DraftTree
+
+ALONE_CONTEXT = 64  # tokens of context the drafter-less passes are timed over (as a profile's)
 
 MAX_TOKENS_PER_PASS = 20  # more than any tree here emits per pass (best-first @1024 on code: 19.2, README)
 

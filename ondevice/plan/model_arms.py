@@ -5,23 +5,19 @@ The cost model prices a tree from p[k], one acceptance-by-rank for every node (a
 cannot tell two builders apart when they grow the same shape: at small budgets Sequoia's best shape
 for the average node is a chain, so chain@B and best-first@B are predicted alike (to a thousandth of
 a token). Yet best-first grows the tree the drafter's own probabilities favour, node by node,
-branching where the drafter is unsure (SpecExec) — what an average p[k] cannot see. Measured here
-(RAM, 4 code + 4 chat prompts x 64 tokens, budgets 3/4/6/8, one run): best-first's tokens per pass
-at least chain's at all 8, above at 7 (chat @8 3.94 vs 3.66, code @8 5.69 vs 5.33). Under a 1.2 GB
-limit the planner, taking chain@4 by the thousandth, ran 3.31 / 2.59 tokens per pass (code / chat)
-where best-first @4 ran 3.69 / 3.20 — a 5.8 tok/s default where 6.2 was there.
+branching where the drafter is unsure (SpecExec) — what an average p[k] cannot see (measured:
+docs/measurements/code-notes.md, "Builders the cost model cannot tell apart").
 
 So:
 1. each builder's *gain*, relative to the others — its accepted drafted tokens measured ÷ what its
    plans predicted, over the same ratio pooled across builders (sums faded per round; a prior of
    1 worth GAIN_PRIOR tokens) — scales its trees' predicted accepted tokens: E' = 1 + gain·(E − 1).
    Relative, because how well the drafter guesses this text is every builder's (the acceptance
-   tracker and the arms' calibration κ learn that): measured alone on chat, best-first @4 came out
-   below its prediction, an absolute gain left the unmeasured chain@4 at 1 and the planner ran
-   chain@4 on 19 rounds of 35 (4.37 tok/s where best-first @4 ran 5.93). Only the drafter's own
+   tracker and the arms' calibration κ learn that): an absolute gain would leave an unmeasured
+   builder at 1, above a measured one that came out below its prediction. Only the drafter's own
    trees are booked (GAINED: a hybrid's accepted tokens are partly its free sources'), and the
-   prior is worth ~25 rounds: pooled with a hybrid that did well on code, one poor best-first round
-   had made chain@4 the candidate again (13 of 32 rounds on the second held-out chat set);
+   prior is worth ~25 rounds, so one poor round does not make another builder the candidate again
+   (docs/measurements/code-notes.md);
 2. at one budget, best-first is the candidate unless another builder is predicted more than TIE
    faster: where the model sees no difference, the builder that adapts to the drafter is taken,
    and what it achieves is then measured (its gain; plan/arms.py times it). The hybrid tree (free

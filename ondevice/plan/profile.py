@@ -34,7 +34,7 @@ from ondevice.plan.timing import Timing, timing_steps
 from ondevice.errors import OndeviceError
 from ondevice.paths import home, read_state, state_file, write_json
 from ondevice.machine.ram import return_freed_memory
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 
 DRAFT_BATCH_MAX = 128  # the widest drafter call a profile times
 
@@ -65,7 +65,7 @@ class ProfileBackends:
     other_targets: dict[str, Callable[[], object]] = field(default_factory=dict)
     other_drafters: dict[str, Callable[[], Callable[[int], None]]] = field(default_factory=dict)
     key: str | None = None  # names the profile file with the pair (default: backend)
-    memory: object | None = None  # plan.memory.MemoryPlan of a llama.cpp target: in RAM or streamed
+    memory: object | None = None  # load.memory.MemoryPlan of a llama.cpp target: in RAM or streamed
     profile_first: bool = False  # measure a missing profile before the first answer (a GPU target: seconds)
     lean_curve: LatencyCurve | None = None  # a streaming load without the drafter model: its passes timed at load (AlonePass)
 
@@ -92,7 +92,7 @@ class Profile:
     busy: bool = False  # some size had no sample undisturbed by other processes: measure again later
     others_cores: float = 0.0  # what other processes used during the disturbed samples
     target_context: int = 64  # tokens of context the target passes were timed over
-    alone: dict | None = None  # streaming pairs: the target's 1-token pass without the drafter (plan/drafter_room.AlonePass)
+    alone: dict | None = None  # streaming pairs: the target's 1-token pass without the drafter (loading/drafter_room.AlonePass)
 
     def curves_for(self, target: str, drafter: str) -> Curves:
         return Curves(self.targets[target], self.drafters[drafter])

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ondevice.tree import depths_of
+from ondevice.decode.tree import depths_of
 
 MAX_DEPTH = 24  # deeper levels add < p1^24 ≈ 3% of a token at p1 = 0.86; the DP cost is linear in it
 MAX_RANK = 8  # children per node the DP may use (p beyond rank 8 is negligible in practice)

@@ -26,7 +26,7 @@ from ondevice.errors import OndeviceError
 from ondevice.machine.ram import trim_heap, unmap_large_frees
 from ondevice.pipeline import Pipeline
 from ondevice.prompt import template_process
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.serve.body_limit import BodyLimit
 from ondevice.serve.errors import HANDLERS, ApiError
 from ondevice.serve.generation import run_job

@@ -16,9 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ondevice.protocols import DraftSpec
+from ondevice.decode.protocols import DraftSpec
 from ondevice.serve.errors import ApiError
-from ondevice.verify import Sampling
+from ondevice.decode.verify import Sampling
 
 log = logging.getLogger("ondevice.serve")
 

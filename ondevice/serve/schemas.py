@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ondevice.serve.errors import ApiError
-from ondevice.verify import MAX_SEED, BadSampling, Sampling
+from ondevice.decode.verify import MAX_SEED, BadSampling, Sampling
 
 MAX_STOPS = 4  # as OpenAI
 MAX_STOP_CHARS = 1024  # one stop sequence (StopMatcher's work grows with its length)

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ondevice import loading
+from ondevice.loading import plan as load_plan
 from ondevice.bench.measured import load_measured
 from ondevice.catalog.pairs import ModelPair, load_pair
-from ondevice.loading import LoadOptions
+from ondevice.loading.options import LoadOptions
 from ondevice.machine.facts import default_threads, machine_facts
 from ondevice.plan.acceptance import acceptance_for
 from ondevice.plan.cost_model import BUDGETS, Plan, choose_plan
@@ -82,7 +82,7 @@ def forecast(pair: ModelPair, opts: LoadOptions | None = None) -> Forecast:
     (default: what a plain `ondevice chat` would use)."""
     opts = opts or LoadOptions()
     threads = opts.threads or default_threads()
-    backend = loading.backend_label(loading.pick_backend(opts.target_backend), threads)
+    backend = load_plan.backend_label(load_plan.pick_backend(opts.target_backend), threads)
     budgets = budgets_label(opts)
     fingerprint = machine_facts().fingerprint()
     family = find_shape(pair.target.shape).family if pair.target.shape else ""
@@ -91,7 +91,7 @@ def forecast(pair: ModelPair, opts: LoadOptions | None = None) -> Forecast:
                       shapes=f"{pair.target.shape} + {pair.drafter.shape}", command=measure_command(pair.name, opts))
     if pair.target.shape and pair.drafter.shape:
         result.target = load_measurement(fingerprint, pair.target.shape, "target", backend, budgets)
-        result.drafter = load_measurement(fingerprint, pair.drafter.shape, "drafter", loading.backend_label("llama", threads))
+        result.drafter = load_measurement(fingerprint, pair.drafter.shape, "drafter", load_plan.backend_label("llama", threads))
     if result.target is None or result.drafter is None:
         return result
     return predicted(result, p_rank)

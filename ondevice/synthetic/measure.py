@@ -2,7 +2,7 @@
 
     m = measure(model, LoadOptions(), ns=(1, 4, 16))   # writes the GGUF, measures, removes it
 
-The target runs through the pipeline's own loader (`loading.load_model_file`): the backend and
+The target runs through the pipeline's own loader (`load_plan.load_model_file`): the backend and
 placement a real model of that shape would get (llama.cpp resident; torch resident, streamed
 RAM→GPU under --gpu-memory, or from disk under --ram-memory). The bandwidth it is compared with is
 measured in the same run with the profile's functions (ondevice.machine.facts): disk read of the
@@ -18,15 +18,15 @@ from typing import Iterator, Sequence
 
 import psutil
 
-from ondevice import loading
+from ondevice.loading import plan as load_plan
 from ondevice.errors import OndeviceError
 from ondevice.offload.placement import RAM_MARGIN
 from ondevice.paths import home
-from ondevice.loading import LoadOptions
+from ondevice.loading.options import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
-from ondevice.protocols import MAX_BUDGET
+from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
-from ondevice.plan.memory import MemoryPlan, ModelSize
+from ondevice.loading.memory import MemoryPlan, ModelSize
 from ondevice.machine.ram import own_cgroup_memory
 from ondevice.machine.facts import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two
@@ -97,9 +97,9 @@ def model_size(model: SyntheticModel) -> ModelSize:
 
 def memory_plan(model: SyntheticModel, opts: LoadOptions, drafter: SyntheticModel | None = None) -> MemoryPlan | None:
     """The pipeline's memory plan for a llama.cpp target of this shape beside its drafter (None: not a llama.cpp target)."""
-    if model.role != "target" or loading.pick_backend(opts.target_backend) != "llama":
+    if model.role != "target" or load_plan.pick_backend(opts.target_backend) != "llama":
         return None
-    return loading.plan_for(model_size(model), model_size(drafter) if drafter else None, opts)
+    return load_plan.plan_for(model_size(model), model_size(drafter) if drafter else None, opts)
 
 
 def measure(
@@ -121,7 +121,7 @@ def measure(
         bandwidths = Bandwidths(measure_ram_bandwidth(), disk_read=measure_disk_read(path))  # disk first: before a backend maps it
         if facts.gpus:
             bandwidths.host_to_device, bandwidths.device_to_host = measure_pinned_bandwidth()
-        backend, runner = loading.load_model_file(path, model.role, opts, memory)
+        backend, runner = load_plan.load_model_file(path, model.role, opts, memory)
         sizes, note = default_sizes(model.role, backend, memory)
         if ns:
             sizes, note = tuple(sorted(set(ns))), ""
@@ -169,7 +169,7 @@ def check_fits(model: SyntheticModel, opts: LoadOptions, memory: MemoryPlan | No
         return
     if model.role == "drafter":
         backend, size = "llama.cpp", file_bytes(list(model.tensors))
-    elif loading.pick_backend(opts.target_backend) == "torch" and on_cpu and not (opts.gpu_memory or opts.ram_memory):
+    elif load_plan.pick_backend(opts.target_backend) == "torch" and on_cpu and not (opts.gpu_memory or opts.ram_memory):
         backend, size = "the torch target", 4 * model.shape.parameters()
     else:
         return
@@ -220,8 +220,8 @@ def compare_with_real(
         raise ValueError("no real file to compare with")
     with synthetic_file(model, seed, keep=False, show=show) as path:
         plan = memory_plan(model, opts)  # the same plan for both: the twin has the real file's tensors
-        _, real = loading.load_model_file(model.real_file, "target", opts, plan)
-        _, twin = loading.load_model_file(path, "target", opts, plan)
+        _, real = load_plan.load_model_file(model.real_file, "target", opts, plan)
+        _, twin = load_plan.load_model_file(path, "target", opts, plan)
         try:
             curves: dict[str, list[LatencyCurve]] = {"real": [], "twin": []}
             for _ in range(rounds):

@@ -27,15 +27,15 @@ from ondevice.errors import OndeviceError
 from ondevice.offload.encoded import EncodedLayers
 from ondevice.offload.layout import GGUFTensorInfo, LayerLayout, move_buffers, unpack
 from ondevice.offload.streamer import LayerStreamer, StreamedLayer
-from ondevice.target.offloaded import LAYER_NAMES, assign_resident, meta_layouts, place_layers
-from ondevice.protocols import MAX_BUDGET
+from ondevice.targets.offloaded import LAYER_NAMES, assign_resident, meta_layouts, place_layers
+from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.quant import gguf_blocks
 from ondevice.synthetic.quant_mix import TensorSpec, preset_tensors
 from ondevice.synthetic.shapes import LLAMA3_ROPE, ModelShape
 from ondevice.synthetic.writer import tensor_chunks
-from ondevice.target import weights
-from ondevice.target.torch_model import ModelArgs, rope_inv_freq
-from ondevice.target.torch_target import TorchTarget, default_dtype
+from ondevice.targets import weights
+from ondevice.targets.torch_model import ModelArgs, rope_inv_freq
+from ondevice.targets.torch_target import TorchTarget, default_dtype
 
 ALIGNMENT = 32  # GGUF's default tensor alignment: where the writer puts each tensor
 

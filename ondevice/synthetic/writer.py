@@ -71,7 +71,7 @@ def write_synthetic_gguf(
 def tensor_chunks(shape: ModelShape, t: TensorSpec, seed: int, index: int):
     """The tensor's bytes, a run of whole rows at a time; chunk k comes from generator(seed, index, k)."""
     if t.name == "rope_freqs.weight":
-        from ondevice.target.weights import llama3_rope_factors  # lazy: target.weights imports torch; only Llama 3 shapes need it
+        from ondevice.targets.weights import llama3_rope_factors  # lazy: target.weights imports torch; only Llama 3 shapes need it
 
         rope = {**LLAMA3_ROPE, "factor": shape.rope_factor}
         yield np.asarray(llama3_rope_factors(shape.head_dim, shape.rope_theta, rope), dtype=np.float32).view(np.uint8)

@@ -29,8 +29,8 @@ import numpy as np
 from ondevice.errors import OndeviceError
 from ondevice.paths import MAX_STATE_BYTES, read_regular_file, write_json
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.reference import greedy_reference
-from ondevice.target.llama_target import LlamaTarget
+from ondevice.decode.reference import greedy_reference
+from ondevice.targets.llama_target import LlamaTarget
 from ondevice.catalog.stores.derived import trimmed_paths
 
 TRIMMED_TENSORS = ("token_embd.weight", "output.weight")  # rows = vocabulary

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 
 # What sampling takes. Below MIN_TEMPERATURE, logits / temperature overflow to inf for large logits and

@@ -1,10 +1,9 @@
 """A streaming llama.cpp target's layers read with O_DIRECT into a few reused slots, not through the page cache.
 
-Measured on a 2-core VM (AVX-512 EPYC): a 9-token pass of the 1.5B target took 0.28 s alone, 0.40 s
-while a page-cache reader streamed another file at 1.1 GB/s beside it, 0.30 s while O_DIRECT reads
-moved 1.3–2.0 GB/s. Reading through the page cache costs the CPU that computes (page allocation, LRU
-and cgroup accounting, reclaim, mapping faults); and one stream of page-cache reads kept the disk at
-1.1 GB/s where four O_DIRECT reads at once moved 1.67 GB/s. So, where the LM head is kept in RAM:
+Reading through the page cache costs the CPU that computes (page allocation, LRU and cgroup
+accounting, reclaim, mapping faults), and one stream of page-cache reads moves less than several
+O_DIRECT reads at once (docs/measurements/code-notes.md, "Direct reads"). So, where the LM head is
+kept in RAM:
 
 - `slots`: a memfd of `ahead` + 1 slots, each the size of the largest streamed layer. Its pages are
   allocated once and reused: freeing and faulting fresh pages for every layer cost as much as the
@@ -44,8 +43,8 @@ from pathlib import Path
 from typing import Iterable
 
 from ondevice.files.gguf_header import OUTPUT_LAYER
-from ondevice.target.pass_split import PassSplit
-from ondevice.target.page_cache import MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, PAGE, LayerWindow, Span, _pieces, advise, layer_spans, mapped_layers, readahead_bytes
+from ondevice.targets.pass_split import PassSplit
+from ondevice.targets.page_cache import MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, PAGE, LayerWindow, Span, _pieces, advise, layer_spans, mapped_layers, readahead_bytes
 
 READERS = 4  # O_DIRECT reads in flight at once (one at a time moved 0.94 GB/s here, four 1.67 GB/s)
 CHUNK = 4 << 20  # bytes per read

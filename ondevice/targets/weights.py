@@ -28,7 +28,7 @@ from safetensors import safe_open
 
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_reader import SplitReader
-from ondevice.target.torch_model import ModelArgs
+from ondevice.targets.torch_model import ModelArgs
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 

@@ -1,5 +1,5 @@
-"""The narrow interfaces the engine knows. Backends live in draft/ and target/, are chosen in
-`ondevice.loading` (one place: `plan_load`) and opened by target/loader.py and draft/loader.py.
+"""The narrow interfaces the engine knows. Backends live in draft/ and targets/, are chosen in
+`ondevice.loading` (one place: `loading/choices.plan_load`) and opened by targets/loader.py and draft/loader.py.
 
 Data flows one way: tokens → Drafter.draft → DraftTree → Target.forward_tree → logits →
 verify → Target.commit(path) → tokens out.
@@ -8,11 +8,11 @@ verify → Target.commit(path) → tokens out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from ondevice.tree import DraftTree
+from ondevice.decode.tree import DraftTree
 
 
 class Target(Protocol):
@@ -46,8 +46,15 @@ class Target(Protocol):
         """Keep the cache entries of these tree nodes (a root-first path, path[0] == 0), drop the rest."""
         ...
 
-    # Optional: `stream_counters() -> StreamCounters`, on a target that streams its weights from disk
-    # (target/llama_target.py with a page-cache window); the engine reports their growth per answer.
+    # The hooks below have defaults: a backend subclasses this Protocol and overrides the ones it has.
+
+    def stream_counters(self) -> StreamCounters | None:
+        """Running totals of a target that streams its weights from disk (targets/llama_target.py
+        with a page-cache window); the engine reports their growth per answer. None: it does not stream."""
+        return None
+
+    def close(self) -> None:
+        """Free the model now (contexts, threads), not at garbage collection."""
 
 
 @dataclass(frozen=True)
@@ -111,5 +118,23 @@ class Drafter(Protocol):
         """
         ...
 
-    # Optional: `learn(tree, logits, path)`, called by the engine after every verification with the
-    # target's (len(tree), n_vocab) logits and the accepted path (draft/recycle.py keeps its top-k).
+    # The hooks below have defaults: a drafter subclasses this Protocol and overrides the ones it has.
+
+    carried_fraction: float = 0.0  # the last draft: share of its tree grown during the previous target pass
+
+    def learn(self, tree: DraftTree, logits: np.ndarray, path: Sequence[int]) -> None:
+        """Called after every verification with the target's (len(tree), n_vocab) logits and the
+        accepted path (draft/recycle.py keeps the target's top-k)."""
+
+    def grows(self, spec: DraftSpec) -> bool:
+        """Whether this round's search goes on growing while the target verifies (a top-k best-first
+        search, decode/overlap.py carries it)."""
+        return False
+
+    def grow(self, should_stop: Callable[[], bool]) -> int:
+        """Go on growing the search `draft` began until should_stop() (where `grows`); returns the
+        nodes expanded."""
+        return 0
+
+    def close(self) -> None:
+        """Free the model now (contexts, threads), not at garbage collection."""

@@ -90,6 +90,19 @@ class DraftTree:
         has_child[self.parents[1:]] = True
         return [int(i) for i in np.flatnonzero(~has_child)]
 
+    def likely_path(self) -> list[int]:
+        """Node ids root→leaf following, at each node, the child with the highest draft log-prob (the
+        first on ties): the drafter's top-1 path."""
+        best: dict[int, int] = {}  # parent -> its most likely child
+        for i in range(1, len(self)):
+            p = int(self.parents[i])
+            if p not in best or self.logprobs[i] > self.logprobs[best[p]]:
+                best[p] = i
+        path = [0]
+        while path[-1] in best:
+            path.append(best[path[-1]])
+        return path
+
     def subtree(self, node: int) -> "DraftTree":
         """`node` and its descendants as a tree rooted at `node`: what is still a draft once node's
         token is committed. Creation order, each node's children (in draw order) and its q row are

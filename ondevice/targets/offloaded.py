@@ -27,9 +27,9 @@ from ondevice.offload.build import gguf_names_from_table, offload_blocks, plan_f
 from ondevice.offload.encoded import decodes_fast
 from ondevice.offload.layout import LayerLayout, gguf_tensor_index, layout_from_gguf
 from ondevice.offload.placement import Placement
-from ondevice.target import weights
-from ondevice.target.torch_model import ModelArgs, Transformer, rope_inv_freq
-from ondevice.target.torch_target import PREFILL_CHUNK, TorchTarget, default_dtype, set_threads
+from ondevice.targets import weights
+from ondevice.targets.torch_model import ModelArgs, Transformer, rope_inv_freq
+from ondevice.targets.torch_target import PREFILL_CHUNK, TorchTarget, default_dtype, set_threads
 
 LAYER_NAMES = gguf_names_from_table(weights.GGUF_NAMES)  # block i's parameter → its GGUF tensor
 

@@ -20,9 +20,9 @@ import numpy as np
 from ondevice.errors import OndeviceError
 from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel, layer_callback
 from ondevice.machine.disk_io import read_counters, stat_file
-from ondevice.protocols import StreamCounters
-from ondevice.target.direct_window import open_window
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import StreamCounters, Target
+from ondevice.targets.direct_window import open_window
+from ondevice.decode.tree import DraftTree
 
 MAIN_SEQ = 0
 
@@ -38,7 +38,7 @@ def leaf_sequences(tree: DraftTree) -> list[list[int]]:
     return seqs
 
 
-class LlamaTarget:
+class LlamaTarget(Target):
     """Target protocol over llama.cpp: a KV cache of committed tokens, tree verification in one pass."""
 
     def __init__(
@@ -55,7 +55,7 @@ class LlamaTarget:
         kept_layers: Sequence[int] = (),
     ):
         """max_tree_nodes: the biggest tree verified in one pass; the context's logits rows and
-        sequences are sized for it (`ondevice.plan.memory`), prompts are still prefilled n_ubatch
+        sequences are sized for it (`ondevice.loading.memory`), prompts are still prefilled n_ubatch
         tokens per pass. streams: the file is larger than the RAM left for it: keep every weight in
         the mapped file (no repacking into anonymous memory) so the page cache can stream it.
         window > 0 (with streams): steer the page cache layer by layer, prefetching `window` layers

@@ -1,6 +1,6 @@
 """Held-out prompt sets: written for one measurement each and never iterated on (README's planner
 and streaming figures). Code and chat, as users ask. `ondevice bench --prompts heldout…` runs them;
-prompt/sets.py maps the names."""
+bench/prompt_sets.py maps the names."""
 
 # Held out from everything, the planner's tuning included: written for the planner's acceptance
 # measurements (README, "How it decides"), never iterated on. Code and chat, as users ask.
@@ -30,7 +30,7 @@ HELDOUT2_CHAT = [
     "Give me three tips for writing clear commit messages, with an example of each.",
 ]
 
-HELDOUT3_CODE = [  # written for the hybrid arm's audit (stop 31), measured once
+HELDOUT3_CODE = [  # written for the hybrid arm's audit, measured once
     "Write a Python class implementing an LRU cache with get and put in O(1), using a dict and a doubly linked list.",
     "Write a Go function that merges two sorted slices of integers into one sorted slice.",
 ]
@@ -40,7 +40,7 @@ HELDOUT3_CHAT = [
     "What should I check before buying a used bicycle?",
 ]
 
-HELDOUT4_CODE = [  # written after the decode slack was measured (stop 31), measured once
+HELDOUT4_CODE = [  # written after the decode slack was measured, measured once
     "Write a Python function that parses a duration like '1h30m15s' into a number of seconds.",
     "Write a C function that counts the set bits in a 32-bit unsigned integer, with a short test in main.",
 ]
@@ -50,7 +50,7 @@ HELDOUT4_CHAT = [
     "Suggest a simple weekly plan for learning to cook, for a complete beginner.",
 ]
 
-HELDOUT5_CODE = [  # written before the spread kept layers were measured (stop 32), measured once
+HELDOUT5_CODE = [  # written before the spread kept layers were measured, measured once
     "Write a JavaScript function that debounces another function, with a short usage example.",
     "Write a Python function that checks whether a string of brackets ()[]{} is balanced.",
 ]
@@ -60,7 +60,7 @@ HELDOUT5_CHAT = [
     "Explain the difference between weather and climate to a ten-year-old.",
 ]
 
-HELDOUT6_CODE = [  # written after heldout5's run, for a second look at the same code (stop 32), measured once
+HELDOUT6_CODE = [  # written after heldout5's run, for a second look at the same code, measured once
     "Write a Python function that flattens an arbitrarily nested list of integers without recursion.",
     "Write a TypeScript function that groups an array of objects by a key and returns a Map.",
 ]
@@ -70,7 +70,7 @@ HELDOUT6_CHAT = [
     "How does a refrigerator keep food cold?",
 ]
 
-HELDOUT7_CODE = [  # written before the slots were mapped once (stop 34), measured once
+HELDOUT7_CODE = [  # written before the slots were mapped once, measured once
     "Write a Python function that returns the n most common words in a text file, ignoring case and punctuation.",
     "Write a Rust function that reverses the words in a sentence while keeping the whitespace between them.",
 ]
@@ -80,7 +80,7 @@ HELDOUT7_CHAT = [
     "How do noise-cancelling headphones work?",
 ]
 
-HELDOUT8_CODE = [  # written before drafting in the disk waits was measured (stop 35), measured once
+HELDOUT8_CODE = [  # written before drafting in the disk waits was measured, measured once
     "Write a Python function that converts a Roman numeral string to an integer, rejecting invalid input.",
     "Write a C function that removes duplicate values from a sorted array in place and returns the new length.",
 ]
@@ -90,7 +90,7 @@ HELDOUT8_CHAT = [
     "What are good habits for keeping a small garden healthy through a dry summer?",
 ]
 
-HELDOUT9_CODE = [  # written before the drafter's time was rescaled online (stop 35), measured once
+HELDOUT9_CODE = [  # written before the drafter's time was rescaled online, measured once
     "Write a Python function that merges overlapping intervals in a list of (start, end) pairs.",
     "Write a JavaScript function that deep-clones a plain object containing arrays and nested objects.",
 ]
@@ -100,7 +100,7 @@ HELDOUT9_CHAT = [
     "What are some good ways to prepare for a job interview?",
 ]
 
-HELDOUT10_CODE = [  # written before the drafter-or-kept-layers choice was built (stop 36), measured once
+HELDOUT10_CODE = [  # written before the drafter-or-kept-layers choice was built, measured once
     "Write a Python function that returns the n most common words in a text file, ignoring case and punctuation.",
     "Write a TypeScript function that debounces another function by a given number of milliseconds.",
 ]
@@ -110,7 +110,7 @@ HELDOUT10_CHAT = [
     "How can I get better at remembering people's names?",
 ]
 
-HELDOUT11_CODE = [  # written before the free-tree-sized streaming buffers were measured (stop 37), measured once
+HELDOUT11_CODE = [  # written before the free-tree-sized streaming buffers were measured, measured once
     "Write a Rust function that merges two sorted vectors of integers into one sorted vector.",
     "Write a Python class for a least-recently-used cache with get and put methods.",
     "Write a SQL query that lists each customer's total order amount for 2024, largest first.",
@@ -122,7 +122,7 @@ HELDOUT11_CHAT = [
     "What should I pack for a weekend hiking trip in autumn?",
 ]
 
-HELDOUT12_CODE = [  # written before the final measurement of stop 37 (the drafter's side predicted must win by 2x), measured once
+HELDOUT12_CODE = [  # written before the streaming figure with the drafter's predicted side made to win by 2x, measured once
     "Write a Go function that counts the vowels in a string.",
     "Write a Python function that flattens a nested list of arbitrary depth.",
     "Write a Bash script that renames every .txt file in a folder to .md.",
@@ -134,7 +134,7 @@ HELDOUT12_CHAT = [
     "Why is the sky blue during the day and red at sunset?",
 ]
 
-HELDOUT13_CODE = [  # written before the final measurement of stop 38 (the drafter-less regime planned), measured once
+HELDOUT13_CODE = [  # written before the streaming figure with the drafter-less regime planned, measured once
     "Write a Rust function that returns the second largest number in a slice.",
     "Write a JavaScript function that debounces another function.",
     "Write a SQL query that lists the five customers with the most orders.",
@@ -146,7 +146,7 @@ HELDOUT13_CHAT = [
     "Why do cats purr?",
 ]
 
-HELDOUT14_CODE = [  # written before the final measurement of stop 38 (after the timing warm-up), measured once
+HELDOUT14_CODE = [  # written before the streaming figure after the timing warm-up, measured once
     "Write a C function that reverses a singly linked list.",
     "Write a Python class for a stack with push, pop and peek.",
     "Write a TypeScript function that groups an array of objects by a key.",

@@ -2,11 +2,11 @@
 
 CALIBRATION prompts are used to build things (trimmed vocabularies, acceptance-by-rank priors);
 EVAL prompts are held out from those and used to measure them; the held-out sets the planner's and
-streaming figures come from are in prompt/heldout.py.
+streaming figures come from are in bench/heldout.py.
 """
 
-from ondevice.prompt.heldout_edits import HELDOUT15_AGENT, HELDOUT15_EDIT
-from ondevice.prompt.heldout import (
+from ondevice.bench.heldout_edits import HELDOUT15_AGENT, HELDOUT15_EDIT
+from ondevice.bench.heldout import (
     HELDOUT2_CHAT, HELDOUT2_CODE, HELDOUT3_CHAT, HELDOUT3_CODE, HELDOUT4_CHAT, HELDOUT4_CODE, HELDOUT5_CHAT, HELDOUT5_CODE, HELDOUT6_CHAT, HELDOUT6_CODE,
     HELDOUT7_CHAT, HELDOUT7_CODE, HELDOUT8_CHAT, HELDOUT8_CODE, HELDOUT9_CHAT, HELDOUT9_CODE,
     HELDOUT10_CHAT, HELDOUT10_CODE, HELDOUT11_CHAT, HELDOUT11_CODE, HELDOUT12_CHAT, HELDOUT12_CODE, HELDOUT16_CHAT, HELDOUT16_CODE,

@@ -15,7 +15,7 @@ Other shapes keep only the nodes below the bonus token, fewer than a fresh tree 
 is a hit verifies a smaller tree but skips drafting). A root-only T guesses the empty path, which
 always comes true: the prepared tree is then a fresh draft made while the target ran.
 
-**Why this stays exact.** Each rule in `ondevice.verify` is exact under its own condition on the
+**Why this stays exact.** Each rule in `ondevice.decode.verify` is exact under its own condition on the
 tree (greedy, SpecExec: any tree; Sequoia: children drawn from q), provided the tree is chosen from
 what is known before the round's target draws and the drafter's randomness (its own seeded
 generator) is independent of the target's (the engine's `rng`). The prepared tree is a function of
@@ -58,22 +58,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ondevice.protocols import MAX_BUDGET, Drafter, DraftSpec, Target
-from ondevice.tree import DraftTree
-from ondevice.verify import Verdict
-
-def likely_path(tree: DraftTree) -> list[int]:
-    """The drafter's top-1 path root→leaf: at each node the child with the highest draft log-prob."""
-    best: dict[int, int] = {}  # parent -> its most likely child (the first one on ties)
-    for i in range(1, len(tree)):
-        p = int(tree.parents[i])
-        if p not in best or tree.logprobs[i] > tree.logprobs[best[p]]:
-            best[p] = i
-    path = [0]
-    while path[-1] in best:
-        path.append(best[path[-1]])
-    return path
-
+from ondevice.decode.protocols import MAX_BUDGET, Drafter, DraftSpec, Target
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Verdict
 
 def prepared_spec(spec: DraftSpec, room_after: int, tokens_left_after: int) -> DraftSpec | None:
     """How to draft the next tree if this round emits the guess (None: the loop would end, or not draft).
@@ -164,7 +151,7 @@ class Overlap:
         stats.verify_seconds, the draft to stats.draft_seconds and the time both ran at once to
         stats.concurrent_seconds. Returns the logits and the guess (None: nothing worth preparing).
         """
-        path = likely_path(tree)
+        path = tree.likely_path()
         next_spec = prepared_spec(spec, room - len(path), tokens_left - len(path))  # the guess emits len(path) tokens
         if next_spec is None:
             logits, forward_s = _timed(self.target.forward_tree, tree)

@@ -19,7 +19,7 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.tree import common_prefix
+from ondevice.decode.tree import common_prefix
 
 NO_TREE = np.zeros(0, dtype=np.int64)
 

@@ -49,7 +49,7 @@ from typing import Iterable
 import numpy as np
 
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
-from ondevice.target.pass_split import LayerStretch, PassSplit, split_pass
+from ondevice.targets.pass_split import LayerStretch, PassSplit, split_pass
 
 MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED = 1, 2, 3, 4
 EVICT = -1  # MADV_DONTNEED on the mapping, then POSIX_FADV_DONTNEED on the file

@@ -3,124 +3,24 @@
 `SpecEngine.generate` is a generator of `Step`s (the tokens each target pass produced) and ends
 with a `Stats` summary. Target-only decoding is the same loop with a root-only tree, so the
 speculative and plain paths share every line that decides what is emitted. With `overlap` the
-drafter drafts the likely next tree while the target verifies (`ondevice.overlap`).
+drafter drafts the likely next tree while the target verifies (`ondevice.decode.overlap`).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.kvcache import kept_prefix
-from ondevice.overlap import Guess, Overlap
+from ondevice.decode.kvcache import kept_prefix
+from ondevice.decode.overlap import Guess, Overlap
 from ondevice.machine.ram import disk_read_bytes
-from ondevice.protocols import TARGET_FREE, Drafter, DraftSpec, StreamCounters, Target, config_label
-from ondevice.tree import DraftTree
-from ondevice.verify import Sampling, verify
-
-
-@dataclass
-class Step:
-    tokens: list[int]  # emitted by this target pass (accepted drafts + the target's own token)
-    from_draft: int  # how many of them were drafted tokens
-    drafted: int  # nodes in the tree (root excluded)
-
-
-@dataclass
-class RoundReport:
-    """One verified round, for whoever plans the next (the planner's closed loop)."""
-
-    tree: DraftTree
-    path: list[int]  # accepted root-first path; len(path) tokens were emitted
-    spec: DraftSpec | None  # how the tree was drafted (None: the target alone)
-    pass_seconds: float  # the target's pass
-    round_seconds: float  # wall clock since the previous round ended: planning, drafting, the pass, verifying, and the caller's handling of the last step
-    context: int  # tokens cached before the pass (what its attention read)
-
-
-@dataclass
-class Stats:
-    prompt_tokens: int = 0
-    prefilled_tokens: int = 0  # prompt tokens actually computed (the rest came from the cache)
-    tokens: int = 0
-    target_passes: int = 0
-    drafted_nodes: int = 0
-    accepted_drafts: int = 0
-    prefill_seconds: float = 0.0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0  # target passes + verification + commit
-    concurrent_seconds: float = 0.0  # drafting and a target pass ran at once (counted in both above)
-    prepared_trees: int = 0  # trees drafted for a guessed outcome while the target verified
-    overlap_hits: float = 0.0  # rounds drafted during the last pass: a prepared tree used counts 1, a carried search its share
-    total_seconds: float = 0.0
-    disk_read_bytes: int | None = None  # read from storage while decoding (None: the OS does not say)
-    page_wait_seconds: float | None = None  # of verify_seconds: a streaming target's passes waiting for pages (None: not measured)
-    disk_busy_seconds: float | None = None  # while decoding, the target file's disk had a read in flight (any process's)
-    pass_seconds: list[tuple[int, float]] = field(default_factory=list)  # (tree nodes, seconds) per target pass
-    finish_reason: str = ""
-    accepted_per_pass: list[int] = field(default_factory=list)
-    spec: DraftSpec | None = None  # how this answer was drafted (None: target alone); the last round's when it changed
-    rounds_by_config: dict[str, int] = field(default_factory=dict)  # config_label → rounds
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.tokens / self.target_passes if self.target_passes else 0.0
-
-    @property
-    def bytes_read_per_pass(self) -> float | None:
-        """Storage reads per target pass while decoding: ~0 when the target is in RAM, about the
-        model's size when it streams from disk."""
-        if self.disk_read_bytes is None or not self.target_passes:
-            return None
-        return self.disk_read_bytes / self.target_passes
-
-    @property
-    def target_compute_seconds(self) -> float:
-        """verify_seconds less the streaming target's waits for the disk: computing and verifying."""
-        return self.verify_seconds - (self.page_wait_seconds or 0.0)
-
-    @property
-    def disk_utilization(self) -> float | None:
-        """Share of decoding during which the target's disk was reading (None: not measured)."""
-        if self.disk_busy_seconds is None or self.decode_seconds <= 0:
-            return None
-        return self.disk_busy_seconds / self.decode_seconds
-
-    def round_split(self) -> dict[str, float | None]:
-        """Where decoding's time went, in seconds: drafting, the target computing (and verifying),
-        waiting for the disk (a streaming target), and the rest; they add up to decode_seconds
-        (drafting that ran beside a target pass is counted once, as the target's)."""
-        return {"draft": self.draft_seconds - self.concurrent_seconds, "target_compute": self.target_compute_seconds,
-                "disk_wait": self.page_wait_seconds, "overhead": self.overhead_seconds}
-
-    @property
-    def decode_seconds(self) -> float:
-        return self.total_seconds - self.prefill_seconds
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def overhead_seconds(self) -> float:
-        return self.decode_seconds - self.draft_seconds - self.verify_seconds + self.concurrent_seconds
-
-    def add(self, other: Stats) -> None:
-        """Add another answer's counts, times and per-pass lists to these (a bench row sums its
-        prompts'); the finish reason and spec become the other's, the last answer's."""
-        for f in fields(Stats):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("finish_reason", "spec") or mine is None:
-                setattr(self, f.name, theirs)
-            elif isinstance(mine, dict):
-                setattr(self, f.name, dict(Counter(mine) + Counter(theirs)))
-            elif theirs is not None:
-                setattr(self, f.name, mine + theirs)
+from ondevice.decode.protocols import TARGET_FREE, Drafter, DraftSpec, StreamCounters, Target, config_label
+from ondevice.decode.stats import RoundReport, Stats, Step
+from ondevice.decode.tree import DraftTree
+from ondevice.decode.verify import Sampling, verify
 
 
 def _grown(before: float | None, after: float | None) -> float | None:
@@ -152,9 +52,9 @@ class SpecEngine:
         if self._worker is not None:
             self._worker.close()
             self._worker = None
-        for part in (self.drafter, self.target):
-            if hasattr(part, "close"):
-                part.close()
+        if self.drafter is not None:
+            self.drafter.close()
+        self.target.close()
         self.cached = []
         self.closed = True
 
@@ -180,7 +80,7 @@ class SpecEngine:
         t0 = time.perf_counter()
         tree = self.drafter.draft(context, spec)
         stats.draft_seconds += time.perf_counter() - t0
-        stats.overlap_hits += getattr(self.drafter, "carried_fraction", 0.0)  # grown during the last pass
+        stats.overlap_hits += self.drafter.carried_fraction  # grown during the last pass
         return tree
 
     def _forward(
@@ -196,7 +96,7 @@ class SpecEngine:
             return logits, None
         if self._worker is None:
             self._worker = Overlap(self.target, self.drafter)
-        if getattr(self.drafter, "grows", lambda spec: False)(spec):  # a top-k best-first search: carry it
+        if self.drafter.grows(spec):  # a top-k best-first search: carry it
             return self._worker.verify_growing(tree, stats), None
         return self._worker.forward(tree, context, spec, room, tokens_left, stats)
 
@@ -247,8 +147,8 @@ class SpecEngine:
             verdict = verify(tree, logits, sampling, rng, rule)
             self.target.commit(verdict.path)
             stats.verify_seconds += time.perf_counter() - t0
-            if (learn := getattr(self.drafter, "learn", None)) is not None:  # free drafters learn from the target (draft/recycle.py)
-                learn(tree, logits, verdict.path)
+            if self.drafter is not None:  # free drafters learn from the target (draft/recycle.py)
+                self.drafter.learn(tree, logits, verdict.path)
             if guess is not None:
                 prepared = guess.next_tree(verdict)
             drafted = spec is not None and (spec.builder != TARGET_FREE or len(tree) > 1)
@@ -286,5 +186,4 @@ class SpecEngine:
         yield stats
 
     def _stream_counters(self) -> StreamCounters | None:
-        counters = getattr(self.target, "stream_counters", None)
-        return counters() if counters is not None else None
+        return self.target.stream_counters()

@@ -1,15 +1,15 @@
 """Opening a target: the backend's class, given the context, the threads and (llama.cpp) the memory
 plan's sizes.
 
-`loading.plan_load` chooses the backend and plans the memory; this file only opens what it chose.
+`loading/choices.plan_load` chooses the backend and plans the memory; this file only opens what it chose.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ondevice.protocols import MAX_BUDGET
-from ondevice.target.llama_target import LlamaTarget
+from ondevice.decode.protocols import MAX_BUDGET
+from ondevice.targets.llama_target import LlamaTarget
 
 
 def load_target(backend: str, path: Path, n_ctx: int, threads: int, sized: dict | None = None, device: str | None = None,
@@ -23,11 +23,11 @@ def load_target(backend: str, path: Path, n_ctx: int, threads: int, sized: dict 
         return LlamaTarget(path, n_ctx=n_ctx, threads=threads, **(sized or {}))
     import torch  # lazy: torch (~1 s) only for the torch target
 
-    from ondevice.target.torch_target import TorchTarget  # lazy: imports torch
+    from ondevice.targets.torch_target import TorchTarget  # lazy: imports torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") or gpu_memory or ram_memory:  # place layers within the budgets
-        from ondevice.target.offloaded import load_offloaded_target  # lazy: imports torch
+        from ondevice.targets.offloaded import load_offloaded_target  # lazy: imports torch
 
         return load_offloaded_target(path, device, n_ctx=n_ctx, threads=threads, gpu_memory=gpu_memory, ram_memory=ram_memory,
                                      max_tree=MAX_BUDGET if device.startswith("cuda") else cpu_max_tree)

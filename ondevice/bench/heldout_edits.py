@@ -1,5 +1,5 @@
 """Held-out edit and agent-like prompts: written before the first measurement of sized free rounds
-(draft/sizing.py, stop 39) and never tuned on; the tuned ones are sets.EDIT_EVAL and sets.AGENT_EVAL."""
+(draft/sizing.py) and never tuned on; the tuned ones are prompt_sets.EDIT_EVAL and prompt_sets.AGENT_EVAL."""
 
 _RATE_LIMITER = """```python
 import time

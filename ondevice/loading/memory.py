@@ -18,7 +18,7 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
                            separate input embedding table, read a row per token): after the first
                            pass its pages stay in the page cache (mapped; llama.cpp may repack them);
     else it streams         the file stays mapped and unrepacked; with the page cache steered layer
-                           by layer (target/page_cache.py, `ahead` layers in flight) as many layers
+                           by layer (targets/page_cache.py, `ahead` layers in flight) as many layers
                            as fit in the room left, less what decoding may add (`decode_slack`), spread
                            evenly through the pass, stay cached (`kept_layers`), and every pass reads
                            the others and the LM head from disk (`bytes_read_per_pass`).
@@ -27,11 +27,11 @@ When the target streams, big trees cost little time (a pass is bound by the disk
 cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
 buffers still leave the streaming window free and the LM head kept, where any size keeps it. A
 streamed head is read whole at the end of every pass, so it needs its full size in memory then
-anyway, and it sends every layer through the page cache (target/page_cache.py) rather than the
-direct reads (target/direct_window.py), whose passes compute at about the speed of a target in RAM. The plan also says when the drafter alone is what
+anyway, and it sends every layer through the page cache (targets/page_cache.py) rather than the
+direct reads (targets/direct_window.py), whose passes compute at about the speed of a target in RAM. The plan also says when the drafter alone is what
 keeps the target out of RAM (where the target streams, `pipeline.drafter_or_layers` weighs the
-drafter against the layers its RAM would keep, plan/drafter_room.py). On a GPU (torch target) the layers'
-tiers come from `ondevice.target.offloaded.plan_offload`, the placement the loader makes.
+drafter against the layers its RAM would keep, loading/drafter_room.py). On a GPU (torch target) the layers'
+tiers come from `ondevice.targets.offloaded.plan_offload`, the placement the loader makes.
 
 The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit as
 well as available RAM. `ondevice models` calls `plan_memory` with sizes from the file header or the
@@ -237,7 +237,7 @@ class MemoryPlan:
         return "ram" if self.target_in_ram else "disk"
 
     def llama_target_sizes(self) -> dict:
-        """The llama.cpp target's keyword arguments this plan sets (target/loader.py opens it)."""
+        """The llama.cpp target's keyword arguments this plan sets (targets/loader.py opens it)."""
         return {"max_tree_nodes": self.sizes.max_tree, "n_ubatch": self.sizes.target_ubatch, "streams": self.streams,
                 "window": self.ahead, "kv_type": self.kv_type, "kept_layers": self.kept_layers(self.ahead)}
 
@@ -248,7 +248,7 @@ class MemoryPlan:
 
     def kept_layers(self, ahead: int) -> tuple[int | str, ...]:
         """What a streaming target keeps cached between passes when the page cache is steered
-        (target/page_cache.py) with `ahead` layers in flight, in what the room left holds after the
+        (targets/page_cache.py) with `ahead` layers in flight, in what the room left holds after the
         window: the LM head first (OUTPUT_LAYER; streamed, all of it would be in flight at once at the
         end of every pass), then decoder layers spread evenly through the pass (`spread_layers`).
         Empty when the target is in RAM."""

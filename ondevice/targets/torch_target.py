@@ -1,4 +1,4 @@
-"""TorchTarget: the `ondevice.protocols.Target` backed by our own PyTorch model (`torch_model.py`).
+"""TorchTarget: the `ondevice.decode.protocols.Target` backed by our own PyTorch model (`torch_model.py`).
 
 The KV cache is preallocated (n_ctx slots) on the model's device. Slots 0..n_cached hold committed
 tokens; `forward_tree` writes the tree's nodes provisionally at slots n_cached + node index, at
@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from ondevice.kvcache import TreeSlots
-from ondevice.target import weights
-from ondevice.target.torch_model import ModelArgs, Transformer
-from ondevice.tree import DraftTree
+from ondevice.decode.kvcache import TreeSlots
+from ondevice.decode.protocols import Target
+from ondevice.targets import weights
+from ondevice.targets.torch_model import ModelArgs, Transformer
+from ondevice.decode.tree import DraftTree
 
 if TYPE_CHECKING:
     from ondevice.offload.placement import Placement
@@ -41,10 +42,10 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
-class TorchTarget:
+class TorchTarget(Target):
     """Target protocol over `Transformer`: a preallocated KV cache, one pass per draft tree."""
 
-    # Set by `ondevice.target.offloaded.load_offloaded_target`; None: every layer is resident.
+    # Set by `ondevice.targets.offloaded.load_offloaded_target`; None: every layer is resident.
     placement: Placement | None = None
     streamer: LayerStreamer | None = None
 

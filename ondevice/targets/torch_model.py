@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ondevice.errors import OndeviceError
-from ondevice.kvcache import move_entries
+from ondevice.decode.kvcache import move_entries
 
 
 @dataclass

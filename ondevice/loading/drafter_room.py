@@ -16,7 +16,7 @@ So where the target streams with the drafter, the load compares two rates, measu
                          drafter model is planned too: its planner weighs the free drafters against
                          the target alone and books every round in that regime's book), else the
                          target's 1-token pass under the drafter-less memory plan, timed once per
-                         profile in the process that will load it (`AlonePass`, loading.time_alone;
+                         profile in the process that will load it (`AlonePass`, `time_alone`;
                          timed afresh when the drafter-less plan keeps another number of layers;
                          the passes of 2 … its trees' nodes are timed with it: `AlonePass.curve`,
                          what the drafter-less planner sizes its free rounds on)
@@ -40,14 +40,21 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from ondevice.plan.arms import OPTIMISM, ArmBook
+from ondevice.loading.plan import LoadPlan
+from ondevice.loading.profiling import profile_backends
+from ondevice.machine.ram import return_freed_memory
+from ondevice.plan.acceptance import AcceptanceTracker
+from ondevice.plan.arms import OPTIMISM, ArmBook, load_book
+from ondevice.plan.auto import regime_of
 from ondevice.plan.cost_model import choose_plan
-from ondevice.plan.curve import LatencyCurve
+from ondevice.plan.curve import LatencyCurve, pass_sizes
+from ondevice.plan.fallback import MAX_LOOKUP_BUDGET
+from ondevice.plan.latency import ALONE_CONTEXT, measure_target_timing
+from ondevice.plan.profile import save_profile
 
 MEASURED_TOKENS = 24.0  # an arm's (faded) tokens before its measured rate is trusted over a prediction
 UNSURE = OPTIMISM  # a drafter kept by less than this factor over a timed target alone: time it again at the next load
 MAX_TIMINGS = 8  # the timed pass is the mean of the last this many loads' timings
-ALONE_CONTEXT = 64  # tokens of context the drafter-less passes are timed over (as a profile's)
 
 
 @dataclass(frozen=True)
@@ -135,3 +142,63 @@ def choose_drafter(profile, p_rank, book_with: ArmBook, book_without: ArmBook, l
     explore = with_source == "predicted" and without < with_drafter <= needed  # ... or be put to the test
     return DrafterChoice(with_drafter > needed or explore, with_drafter, without, with_source, without_source, layers_with,
                          alone.kept_layers, explore)
+
+
+def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, DrafterChoice | None]:
+    """A target that streams with the drafter: keep the drafter, or load without it (`plan.lean`) and
+    give its RAM to the target's layers, whichever measured (or, the first time, is predicted)
+    faster (module docstring). Unless asked for the drafter (a --tree that needs it, --drafter)."""
+    lean, opts = plan.lean, plan.options
+    if lean is None or profile is None:
+        return plan, None
+    saved = AlonePass.from_dict(profile.alone)
+    if saved is None or saved.curve is None or not saved.times(lean.memory.kept_layer_count):  # once per profile (and
+        time_alone_into(profile, lean, None, status)  # drafter-less plan): the streaming profile's child measured the drafter's side
+    if opts.keep_drafter is False:  # --drop-drafter (its planner sizes free rounds on the timed passes)
+        return lean, None
+    name = plan.files.name
+    books = load_book(name, regime_of(profile_backends(plan))), load_book(name, regime_of(profile_backends(lean)))
+    layers, p_rank = plan.memory.kept_layer_count, AcceptanceTracker.load(name).p_rank
+    choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
+    if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
+        time_alone_into(profile, lean, AlonePass.from_dict(profile.alone), status)
+        choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
+    return (plan if choice is None or choice.keep else lean), choice
+
+
+def drafterless_curve(profile, plan: LoadPlan) -> LatencyCurve | None:
+    """A load without the drafter model that streams: its passes as timed for this plan (AlonePass),
+    what its planner sizes free rounds on; None where the drafter is loaded or nothing timed it."""
+    if profile is None or plan.files.drafter is not None or plan.memory is None:
+        return None
+    alone = AlonePass.from_dict(profile.alone)
+    return alone.lean_curve() if alone is not None and alone.times(plan.memory.kept_layer_count) else None
+
+
+def time_alone_into(profile, lean: LoadPlan, earlier: AlonePass | None, status=None) -> None:
+    """Time the drafter-less pass (`time_alone`) and save it in the profile: alone, or folded into
+    the `earlier` timings (the mean of the last few decides)."""
+    if status is not None:
+        status("timing the target without the drafter" + (" again" if earlier is not None else ""))
+    timed = time_alone(lean)
+    profile.alone = (earlier.folded(timed) if earlier is not None else timed).to_dict()
+    save_profile(profile)
+
+
+def time_alone(lean: LoadPlan) -> AlonePass:
+    """The target's 1-token pass as `lean` (the load without the drafter) plans it: what the drafter's
+    RAM is weighed against (loading/drafter_room.py). Timed here, before anything else is loaded, as
+    the profile times passes: the plan the load would run, where a child process (the streaming
+    profile's) would have less room, its own interpreter beside this one's (measured under 1.2 GB:
+    16 layers kept and 0.25 s per pass there; 19 and 0.18–0.21 s in this process at other minutes)."""
+    memory = lean.memory
+    largest = MAX_LOOKUP_BUDGET + 1 if memory is None else min(memory.sizes.max_tree, MAX_LOOKUP_BUDGET + 1)
+    target = lean.open_target()
+    try:  # every size a sized free round can pass (the planner's curve without the drafter), 1-3 s here
+        timing, _ = measure_target_timing(target, ns=pass_sizes(largest), context_tokens=ALONE_CONTEXT, show=False, prune=False)
+    finally:
+        target.close()
+        return_freed_memory()
+    in_ram = memory is None or memory.target_in_ram
+    return AlonePass(timing.seconds(1), 0 if memory is None else memory.bytes_read_per_pass,
+                     0 if memory is None else memory.kept_layer_count, in_ram, timing.busy, curve=timing.curve.to_dict())

@@ -10,8 +10,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ondevice.protocols import Target
-from ondevice.tree import DraftTree
+from ondevice.decode.protocols import Target
+from ondevice.decode.tree import DraftTree
 
 
 def greedy_reference(

@@ -1,0 +1,63 @@
+"""The load sequence: choose the files, plan the load once (loading/choices.py), keep the drafter or
+give its RAM to a streaming target's layers (loading/drafter_room.py), open the target and drafter as
+planned (targets/loader.py, draft/loader.py) and wire them into the decode engine. pipeline.py makes
+the running `Pipeline` of what this opens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ondevice.catalog.choose import choose
+from ondevice.catalog.hub import PairFiles
+from ondevice.draft.loader import with_lookup
+from ondevice.decode.engine import SpecEngine
+from ondevice.loading.choices import plan_load
+from ondevice.loading.drafter_room import DrafterChoice, drafter_or_layers, drafterless_curve
+from ondevice.loading.options import Answers, LoadOptions
+from ondevice.loading.plan import LoadPlan
+from ondevice.loading.profiling import profile_backends, streaming_profile
+from ondevice.machine.ram import anon_rss
+from ondevice.plan.profile import ProfileBackends
+from ondevice.prompt.tokenizer import Tokenizer, check_same_vocab
+
+
+@dataclass
+class OpenPair:
+    """A pair opened as planned: its models wired into the engine, and how they were placed."""
+
+    files: PairFiles
+    tokenizer: Tokenizer
+    engine: SpecEngine
+    plan: LoadPlan
+    backends: ProfileBackends
+    choice: DrafterChoice | None  # a target streaming from disk: the drafter kept or left out, and why
+    placement: str  # the memory plan's description ("target in RAM: …"), or the target's placement summary
+    info: dict
+
+
+def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, answers: Answers | None = None) -> OpenPair:
+    """Choose the files, plan the load, open the target and drafter as planned, wire them.
+    status(message): what a long step is doing (the CLI's spinner)."""
+    opts.checked()
+    files = choose(opts.model, opts.target, opts.drafter, opts.draft)  # downloads on first use
+    tokenizer = Tokenizer(files.target)
+    process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
+    plan = plan_load(opts, files, process, answers, tokenizer, status)
+    choice, lean_curve = None, None
+    if plan.lean is not None:
+        profile = streaming_profile(plan)  # measured apart: see there
+        plan, choice = drafter_or_layers(plan, profile, status)
+        files, lean_curve = plan.files, drafterless_curve(profile, plan)
+    drafter = None
+    if files.drafter is not None:
+        check_same_vocab(tokenizer, Tokenizer(files.drafter))
+        drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab)
+    target = plan.open_target()
+    backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
+    overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
+    engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
+    placement = target.placement_summary() if plan.memory is None else plan.memory.describe()
+    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None}
+    return OpenPair(files, tokenizer, engine, plan, backends, choice, placement, info)
