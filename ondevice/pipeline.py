@@ -4,7 +4,8 @@
 threads, context, memory plan), opens the target and drafter (target/loader.py, draft/loader.py) and wires them.
 The files come from the catalog (`--model`) or are your own (`--target`, `--drafter`: a GGUF path or
 `hf:owner/repo:QUANT`), see catalog/choose.py. A drafter whose vocabulary differs from the target's
-only by padding is accepted (tokenizer.vocab_mismatch); without a drafter model (none compatible, or
+only by padding drafts as it is (tokenizer.vocab_mismatch), one of another tokenizer drafts the tokens
+both vocabularies hold (draft/cross_vocab.py); without a drafter model (none compatible, or
 left out so that a streamed target keeps more layers) the planner weighs the free drafters (prompt
 lookup, suffix, recycle) against the target alone, as it weighs the drafter's trees where there is one.
 
@@ -22,6 +23,7 @@ from ondevice.catalog.choose import choose
 from ondevice.catalog.hub import PairFiles
 from ondevice.engine import SpecEngine, Stats, Step
 from ondevice.errors import OndeviceError
+from ondevice.draft import cross_vocab
 from ondevice.draft.loader import with_lookup
 from ondevice.loading import Answers, LoadOptions, LoadPlan, plan_load, profile_backends, streaming_profile, time_alone
 from ondevice.plan.acceptance import AcceptanceTracker
@@ -34,7 +36,7 @@ from ondevice.plan.memory import MemoryPlan
 from ondevice.plan.profile import ProfileBackends, save_profile
 from ondevice.machine.ram import anon_rss, peak_rss, return_freed_memory
 from ondevice.protocols import DraftSpec
-from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer, check_same_vocab
+from ondevice.prompt.tokenizer import StreamDecoder, Tokenizer
 from ondevice.verify import Sampling
 
 BACKEND_NAMES = {"llama": "llama.cpp", "onnx": "ONNX Runtime", "torch": "PyTorch"}
@@ -271,8 +273,7 @@ def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None
         files, lean_curve = plan.files, drafterless_curve(profile, plan)
     drafter = None
     if files.drafter is not None:
-        check_same_vocab(tokenizer, Tokenizer(files.drafter))
-        drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab)
+        drafter = cross_vocab.open_drafter(plan, tokenizer, status)  # another tokenizer: drafts the tokens both hold
     target = plan.open_target()
     backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
