@@ -177,6 +177,7 @@ def write_tiny_gguf(
     path: str | Path, arch: str = "qwen2", vocab: int = 320, seed: int = 0, dtype: str = "f32", head_scale: float = 1.0,
     noise: float = 0.0, pad_to: int | None = None, split_max_tensors: int = 0, chat_template: str | None = None,
     specials: tuple[str, ...] = (), quantize=None, endless: bool = False, alignment: int | None = None,
+    vocab_edit=None,
 ) -> Path:
     """Write a tiny GGUF (2-D weights in `dtype`, "f32" or "f16"; norms and biases f32); returns path.
     head_scale, noise: see `tiny_hf_tensors`. pad_to: the model has this many token ids, the ones past
@@ -188,7 +189,11 @@ def write_tiny_gguf(
     quantize(gguf name, w) -> (blocks uint8, GGML type)
     or None: a 2-D weight stored quantized instead (see tests/tiny_quant.py). endless (Llama): the
     LM head rows of <|endoftext|> and the specials are zero, so their logits are 0, below the top logit:
-    greedy answers never end before max_tokens. alignment: written as general.alignment (else implicit, 32)."""
+    greedy answers never end before max_tokens. alignment: written as general.alignment (else implicit, 32).
+    vocab_edit(tokens, types, merges) -> dict or None: another tokenizer for the same weights
+    (tests/tiny_foreign.py): keys tokens, types, model (tokenizer.ggml.model: "gpt2" with merges, "llama"
+    with scores), rows (new id i takes the embedding row of old id rows[i]; -1: a random row). BOS and
+    EOS are then <|endoftext|> if kept, else "<s>" and "</s>" (no specials, no padding, Qwen2 only)."""
     import gguf
 
     config = tiny_config(arch, pad_to or vocab + len(specials))
@@ -213,17 +218,28 @@ def write_tiny_gguf(
     if pad_to:
         tokens += [f"[PAD{i}]" for i in range(len(tokens), pad_to)]
         types += [int(gguf.TokenType.UNUSED)] * (pad_to - len(types))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("llama-bpe" if arch == "llama" else "qwen2")
+    tensors = gguf_tensors(config, tiny_hf_tensors(config, seed, head_scale, noise))
+    model, scores, bos, eos = "gpt2", None, (vocab if specials else vocab - 1), vocab + len(specials) - 1
+    if vocab_edit is not None:
+        edit = vocab_edit(tokens, types, merges)
+        tokens, types, merges, model, scores = edit["tokens"], edit["types"], edit.get("merges"), edit["model"], edit.get("scores")
+        _take_rows(tensors, edit["rows"], seed)
+        bos, eos = (tokens.index("<|endoftext|>"),) * 2 if "<|endoftext|>" in tokens else (tokens.index("<s>"), tokens.index("</s>"))
+    writer.add_tokenizer_model(model)
+    if model == "gpt2":
+        writer.add_tokenizer_pre("llama-bpe" if arch == "llama" else "qwen2")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(vocab if specials else vocab - 1)
-    writer.add_eos_token_id(vocab + len(specials) - 1)
+    if model == "gpt2":
+        writer.add_token_merges(merges)
+    else:  # SentencePiece: merges by score, no space added before the text (Gemma 3's setting)
+        writer.add_token_scores(scores)
+        writer.add_add_space_prefix(False)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
     writer.add_add_bos_token(False)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
-    tensors = gguf_tensors(config, tiny_hf_tensors(config, seed, head_scale, noise))
     if endless:
         tensors["output.weight"][vocab - 1 : vocab + len(specials)] = 0  # KeyError for qwen2: its head is tied to the embeddings
     for name, w in tensors.items():
@@ -237,6 +253,18 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return writer.format_shard_names(Path(path))[0]
+
+
+def _take_rows(tensors: dict[str, np.ndarray], rows, seed: int) -> None:
+    """The token rows of the embeddings (and of a separate LM head) in a new vocabulary's order."""
+    rows = np.asarray(rows)
+    fresh = np.random.default_rng([seed, 2])
+    for name in ("token_embd.weight", "output.weight"):
+        if name in tensors:
+            w = tensors[name]
+            out = w[np.maximum(rows, 0)].copy()
+            out[rows < 0] = fresh.standard_normal((int((rows < 0).sum()), w.shape[1])).astype(w.dtype) * w.std()
+            tensors[name] = out
 
 
 # --- a tiny pair in the catalog ---------------------------------------------------------------------

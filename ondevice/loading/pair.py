@@ -11,6 +11,7 @@ from typing import Callable
 
 from ondevice.catalog.choose import choose
 from ondevice.catalog.hub import PairFiles
+from ondevice.draft import cross_vocab
 from ondevice.draft.loader import with_lookup
 from ondevice.decode.engine import SpecEngine
 from ondevice.loading.choices import plan_load
@@ -20,7 +21,7 @@ from ondevice.loading.plan import LoadPlan
 from ondevice.loading.profiling import profile_backends, streaming_profile
 from ondevice.machine.ram import anon_rss
 from ondevice.plan.profile import ProfileBackends
-from ondevice.prompt.tokenizer import Tokenizer, check_same_vocab
+from ondevice.prompt.tokenizer import Tokenizer
 
 
 @dataclass
@@ -52,8 +53,7 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
         files, lean_curve = plan.files, drafterless_curve(profile, plan)
     drafter = None
     if files.drafter is not None:
-        check_same_vocab(tokenizer, Tokenizer(files.drafter))
-        drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab)
+        drafter = cross_vocab.open_drafter(plan, tokenizer, status)  # another tokenizer: drafts the tokens both hold
     target = plan.open_target()
     backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them

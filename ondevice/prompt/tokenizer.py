@@ -87,6 +87,10 @@ class Tokenizer:
         """The token's own text in the vocabulary (special tokens included, padding too)."""
         return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
 
+    def attr(self, token: int) -> int:
+        """llama.cpp's attribute bits of a token (LLAMA_TOKEN_ATTR_NORMAL, _BYTE, _CONTROL, _UNUSED, …)."""
+        return int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
+
     def is_padding(self, token: int) -> bool:
         """A slot with no token behind it: llama.cpp's converters pad vocabularies with UNUSED `[PAD…]` entries."""
         attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)
