@@ -42,6 +42,7 @@ from ondevice.plan.latency import MAX_TOKENS_PER_PASS, measure_target_timing
 from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
 from ondevice.plan.profile import ProfileBackends, get_profile, load_profile
 from ondevice.prompt.tokenizer import Tokenizer
+from ondevice.rpc.load import RpcSplit, check_rpc_options, plan_split_load
 from ondevice.protocols import FREE_TREE_NODES, MAX_BUDGET
 from ondevice.sizes import parse_size
 from ondevice.target.loader import load_target
@@ -80,6 +81,7 @@ class LoadOptions:
     # (chat: STREAMING_CHAT_CTX; None: DEFAULT_CTX): every KV cell not allocated keeps target layers cached
     free_tree_nodes: int | None = None  # the largest tree of the free drafters asked for (a --tree lookup/suffix/
     # recycle --budget): a load without the drafter model sizes a streaming target's buffers for it; None: FREE_TREE_NODES
+    rpc: str | None = None  # "host:port,…": the target's layers split across this machine and these workers (ondevice/rpc)
 
     def checked(self) -> "LoadOptions":
         """These options, or an OndeviceError naming the bad one: checked before anything is downloaded."""
@@ -99,6 +101,8 @@ class LoadOptions:
                 stores.check(ref, flag)
         if self.drafter is not None and not self.draft:
             raise OndeviceError("--drafter and --no-draft contradict each other; drop one.")
+        if self.rpc is not None:
+            check_rpc_options(self)
         return self
 
     @property
@@ -128,6 +132,7 @@ class LoadPlan:
     threads: int
     n_ctx: int
     memory: MemoryPlan | None  # None for the torch and ONNX targets, which plan their own memory
+    split: RpcSplit | None = None  # --rpc: which layers live on this machine and on each worker
 
     @property
     def streams(self) -> bool:
@@ -136,7 +141,8 @@ class LoadPlan:
     def open_target(self, backend: str | None = None):
         """The target as planned, or on another `backend` (llama.cpp's defaults, not the plan's)."""
         opts, memory = self.options, self.memory if backend is None else None
-        return open_target(backend or self.target_backend, self.files.target, self.n_ctx, self.threads, opts, memory)
+        return open_target(backend or self.target_backend, self.files.target, self.n_ctx, self.threads, opts, memory,
+                           self.split if backend is None else None)
 
     def open_drafter(self, backend: str | None = None, target_vocab: int | None = None):
         """The drafter model as planned, or on another `backend` (buffers not sized by the plan)."""
@@ -153,6 +159,7 @@ class MemoryPlans:
         self.files, self.opts, self.process_bytes = files, opts, process_bytes
         self._sizes: dict[Path, ModelSize] = {}
         self._plans: dict[tuple, MemoryPlan] = {}
+        self.split: RpcSplit | None = None  # --rpc: the split of the last plan made
 
     def size(self, path: Path) -> ModelSize:
         if path not in self._sizes:
@@ -170,7 +177,10 @@ class MemoryPlans:
         key = (drafter, n_ctx or self.opts.context)
         if key not in self._plans:
             sizes = self.size(drafter) if drafter is not None else None
-            self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
+            if self.opts.rpc is not None:  # the target's layers across this machine and the workers
+                self._plans[key], self.split = plan_split_load(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
+            else:
+                self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
         return self._plans[key]
 
 
@@ -181,13 +191,16 @@ def plan_load(opts: LoadOptions, files: PairFiles, process_bytes: int | None = N
     target's `tokenizer`) and no --ctx, a context sized to them."""
     threads = opts.threads or default_threads()
     plans = MemoryPlans(files, opts, process_bytes)
-    trim_if_streaming(files, opts, plans, status)  # the catalog's keep set: a smaller drafter, more layers cached
-    target, drafter = pick_backends(opts, files, threads, plans)
+    if opts.rpc is not None:  # llama.cpp places the split; the planner's profile is the split's own
+        target, drafter = "llama", "llama" if opts.drafter_backend == "auto" else opts.drafter_backend
+    else:
+        trim_if_streaming(files, opts, plans, status)  # the catalog's keep set: a smaller drafter, more layers cached
+        target, drafter = pick_backends(opts, files, threads, plans)
     memory, n_ctx = plans.plan(target, drafter), opts.context
     if opts.ctx is None and memory is not None and memory.streams and (answers or opts.streaming_ctx):
         n_ctx = min(DEFAULT_CTX, sized_context(tokenizer, answers, memory.sizes.max_tree) if answers else opts.streaming_ctx)
         memory = plans.plan(target, drafter, n_ctx)
-    return LoadPlan(files, opts, target, drafter, threads, n_ctx, memory)
+    return LoadPlan(files, opts, target, drafter, threads, n_ctx, memory, plans.split)
 
 
 def pick_backend(name: str) -> str:
@@ -202,9 +215,10 @@ def largest_tree(on_gpu: bool) -> int:
     return MAX_BUDGET if on_gpu else CPU_MAX_TREE
 
 
-def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOptions, memory: MemoryPlan | None):
+def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOptions, memory: MemoryPlan | None,
+                split: RpcSplit | None = None):
     """The target on `backend`: the ONNX one (onnx/target.py), else as target/loader.py opens it,
-    sized by `memory` (None: llama.cpp's defaults)."""
+    sized by `memory` (None: llama.cpp's defaults), its layers split across workers by `split`."""
     if backend == "onnx":
         from ondevice.onnx.target import (
             OnnxTarget,  # lazy: imports torch and ONNX Runtime (~1.4 s)
@@ -212,6 +226,8 @@ def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOp
 
         return OnnxTarget.from_gguf(path, n_ctx=n_ctx, threads=threads)
     sized = memory.llama_target_sizes() if memory is not None else None
+    if split is not None:
+        sized = {**(sized or {}), "split": split}
     if memory is not None and memory.streams:
         unmap_large_frees()  # the heap shares the limit with the kept layers: what it frees goes back
     return load_target(backend, path, n_ctx, threads, sized, opts.device, opts.gpu_memory, opts.ram_memory, largest_tree(on_gpu=False))
@@ -405,8 +421,8 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
     others_d = {} if files.drafter is None else {
         name: (lambda name=name: plan.open_drafter(name).probe_batch) for name in drafters if name != drafter
     }  # fmt: skip
-    if plan.streams:  # another target would not run within the plan; another drafter is measured alone (pick_backends)
-        others_t = {}
+    if plan.streams or plan.split is not None:  # another target would not run within the plan (or on the workers);
+        others_t = {}  # another drafter is measured alone (pick_backends)
     sized_drafter = lambda: plan.open_drafter().probe_batch  # noqa: E731
     return ProfileBackends(
         pair=files.name, backend=backend_label(target, threads), model_files=model_files,
@@ -414,7 +430,8 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
         make_decode_batch=make_decode_batch if make_decode_batch or files.drafter is None else sized_drafter,
         overlap_possible=on_gpu or spare_cores, max_tree=min(largest_tree(on_gpu), memory.sizes.max_tree if memory else MAX_BUDGET),
         target_name=target, drafter_name=drafter, other_targets={} if on_gpu else others_t, other_drafters=others_d,
-        key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if plan.streams else ""), memory=memory, profile_first=on_gpu,
+        key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if plan.streams else "") + (f"-{plan.split.key}" if plan.split else ""),
+        memory=memory, profile_first=on_gpu,
         lean_curve=lean_curve,
     )  # fmt: skip
 
