@@ -42,7 +42,7 @@ from ondevice.plan.latency import MAX_TOKENS_PER_PASS, measure_target_timing
 from ondevice.plan.memory import MemoryPlan, ModelSize, answer_context, plan_memory
 from ondevice.plan.profile import ProfileBackends, get_profile, load_profile
 from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.rpc.load import RpcSplit, check_rpc_options, plan_split_load
+from ondevice.rpc.load import RPC_MAX_TREE, RpcSplit, check_rpc_options, plan_split_load
 from ondevice.protocols import FREE_TREE_NODES, MAX_BUDGET
 from ondevice.sizes import parse_size
 from ondevice.target.loader import load_target
@@ -193,6 +193,8 @@ def plan_load(opts: LoadOptions, files: PairFiles, process_bytes: int | None = N
     plans = MemoryPlans(files, opts, process_bytes)
     if opts.rpc is not None:  # llama.cpp places the split; the planner's profile is the split's own
         target, drafter = "llama", "llama" if opts.drafter_backend == "auto" else opts.drafter_backend
+        n_ctx = rpc_context(opts, answers, tokenizer)
+        return LoadPlan(files, opts, target, drafter, threads, n_ctx, plans.plan(target, drafter, n_ctx), plans.split)
     else:
         trim_if_streaming(files, opts, plans, status)  # the catalog's keep set: a smaller drafter, more layers cached
         target, drafter = pick_backends(opts, files, threads, plans)
@@ -201,6 +203,14 @@ def plan_load(opts: LoadOptions, files: PairFiles, process_bytes: int | None = N
         n_ctx = min(DEFAULT_CTX, sized_context(tokenizer, answers, memory.sizes.max_tree) if answers else opts.streaming_ctx)
         memory = plans.plan(target, drafter, n_ctx)
     return LoadPlan(files, opts, target, drafter, threads, n_ctx, memory, plans.split)
+
+
+def rpc_context(opts: LoadOptions, answers: Answers | None, tokenizer: Tokenizer | None) -> int:
+    """A split target's context: --ctx, else sized to the answers (or chat's STREAMING_CHAT_CTX), as a
+    streaming target's: each worker holds its layers' KV cells, room that holds layers otherwise."""
+    if opts.ctx is not None or not (answers or opts.streaming_ctx):
+        return opts.context
+    return min(DEFAULT_CTX, sized_context(tokenizer, answers, RPC_MAX_TREE) if answers else opts.streaming_ctx)
 
 
 def pick_backend(name: str) -> str:

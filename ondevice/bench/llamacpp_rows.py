@@ -74,13 +74,14 @@ def _crash_guard():
         llama_cpp.llama_model_default_params = original
 
 
-def load_llama(target_path, n_ctx: int, threads: int, draft_model: LlamaDraftModel | None = None) -> llama_cpp.Llama:
+def load_llama(target_path, n_ctx: int, threads: int, draft_model: LlamaDraftModel | None = None, **placement) -> llama_cpp.Llama:
+    """placement: Llama()'s n_gpu_layers and tensor_split, for a split over RPC workers (rpc/llamacpp_split.py)."""
     batch = SPEC_BATCH if draft_model is not None else 512
     check_gguf_file(target_path)  # a header llama.cpp would abort on is one line first, as in every other load
     with _crash_guard():
         llm = llama_cpp.Llama(
             model_path=str(target_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
-            draft_model=draft_model, verbose=False,
+            draft_model=draft_model, verbose=False, **placement,
         )
     set_llama_logging(False)  # Llama(verbose=False) installs its own log callback; keep ours quiet too
     return llm

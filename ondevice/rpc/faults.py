@@ -69,7 +69,7 @@ def install_abort_handler(endpoints) -> None:
         sys.stderr.flush()
         os._exit(WORKER_LOST_EXIT)
 
-    base = ctypes.CDLL(str(library.LIB_DIR / "libggml-base.so"))
+    base = ctypes.CDLL(str(library.lib_path("libggml-base")))
     base.ggml_set_abort_callback.restype = ctypes.c_void_p
     base.ggml_set_abort_callback.argtypes = [_AbortCallback]
     base.ggml_set_abort_callback(on_abort)

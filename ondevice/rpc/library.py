@@ -25,7 +25,7 @@ import llama_cpp
 from ondevice.errors import OndeviceError
 
 LIB_DIR = Path(llama_cpp.__file__).parent / "lib"
-RPC_LIB = LIB_DIR / "libggml-rpc.so"
+RPC_LIB = LIB_DIR / "libggml-rpc.so"  # built with -DGGML_RPC=ON
 RPC_PROTO_MAJOR = 7  # ggml-rpc.h of the pinned llama.cpp: a worker must speak the same major version
 CMD_HELLO = 14
 CONN_CAPS = 24  # transport.h: RPC_CONN_CAPS_SIZE; all zero asks for plain TCP
@@ -43,13 +43,29 @@ def require_rpc() -> None:
         raise OndeviceError(f"this llama-cpp-python ({llama_cpp.__version__}) was built without llama.cpp's RPC backend; {INSTALL_HINT}")
 
 
+def lib_path(name: str) -> Path:
+    """The file of ggml library `name` that llama.cpp itself uses in this process. A wheel cannot hold
+    symbolic links, so libggml.so, libggml.so.0 and libggml.so.0.25.3 are three copies, and opening
+    another than libllama's (NEEDED: libggml.so.0) would load a second ggml with its own state: its
+    own device registry, RPC connections and abort callback."""
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            path = line.split()[-1] if line.split() else ""
+            if path.startswith(str(LIB_DIR / name) + ".so"):
+                return Path(path)
+    except OSError:
+        pass
+    soname = LIB_DIR / f"{name}.so.0"
+    return soname if soname.is_file() else LIB_DIR / f"{name}.so"
+
+
 @functools.cache
 def _libs():
     """(libggml-rpc, libggml-base, libggml) with the signatures used here."""
     require_rpc()
-    rpc = ctypes.CDLL(str(RPC_LIB))
-    base = ctypes.CDLL(str(LIB_DIR / "libggml-base.so"))
-    ggml = ctypes.CDLL(str(LIB_DIR / "libggml.so"))
+    rpc = ctypes.CDLL(str(lib_path("libggml-rpc")))
+    base = ctypes.CDLL(str(lib_path("libggml-base")))
+    ggml = ctypes.CDLL(str(lib_path("libggml")))
     p, size_t = ctypes.c_void_p, ctypes.c_size_t
     rpc.ggml_backend_rpc_add_server.restype, rpc.ggml_backend_rpc_add_server.argtypes = p, [ctypes.c_char_p]
     rpc.ggml_backend_rpc_start_server.restype = None
