@@ -31,6 +31,7 @@ from ondevice.plan.drafter_room import AlonePass, DrafterChoice, best_measured, 
 from ondevice.plan.cost_model import Plan, plan_as_dict
 from ondevice.plan.curve import LatencyCurve
 from ondevice.plan.memory import MemoryPlan
+from ondevice.rpc.load import profile_split
 from ondevice.plan.profile import ProfileBackends, save_profile
 from ondevice.machine.ram import anon_rss, peak_rss, return_freed_memory
 from ondevice.protocols import DraftSpec
@@ -279,6 +280,8 @@ def load_pipeline(opts: LoadOptions, status: Callable[[str], None] | None = None
         drafter = plan.open_drafter(target_vocab=tokenizer.n_vocab)
     target = plan.open_target()
     backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
+    if plan.split is not None and drafter is not None:  # a split's passes: its own curve, timed once (rpc/load.py)
+        profile_split(backends, status)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
     engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
     placement = target.placement_summary() if plan.memory is None else plan.memory.describe()

@@ -41,3 +41,19 @@ def plan_split_load(target: ModelSize, drafter: ModelSize | None, opts, process_
     workers = connect_workers(parse_workers(opts.rpc))
     split = plan_split(target, local_room(budget.bytes, resident), workers, opts.context, sizes.target_ubatch, sizes.max_tree)
     return replace(sized, budget=budget, sizes=sizes, notes=[split.describe()]), split
+
+
+def profile_split(backends, status=None) -> None:
+    """Time the split's passes (and the drafter's) once, before its first answer, as a streaming
+    target's are: the planner prices trees on this curve, a cost per pass (the round trips to the
+    workers) and a slope per token (their compute, the logits sent back), rescaled by every pass
+    it then sees. Saved under the split's own profile key (loading.profile_backends)."""
+    from ondevice.machine.facts import machine_facts
+    from ondevice.paths import home
+    from ondevice.plan.profile import get_profile, load_profile
+
+    if load_profile(machine_facts(home()), backends) is not None:
+        return
+    if status is not None:
+        status("timing passes over the workers (once for this split)")
+    get_profile(backends, show=status is None)
