@@ -101,9 +101,9 @@ class RpcSplit:
         if getattr(self, "links", None) is not None:
             self.links.pass_starts()
 
-    def pass_ends(self) -> None:
+    def pass_ends(self, tokens: int) -> None:
         if getattr(self, "links", None) is not None:
-            self.links.pass_ends()
+            self.links.pass_ends(tokens)
 
     def traffic(self) -> dict:
         """Bytes and TCP segments each way per verification pass so far (traffic.py)."""

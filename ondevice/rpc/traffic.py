@@ -3,11 +3,8 @@
 llama.cpp keeps one TCP connection per worker. `WorkerLinks` finds them among this process's
 sockets (by the worker's address) and reads `TCP_INFO` (linux/tcp.h, struct tcp_info) on each:
 bytes acknowledged by the worker (sent), bytes received, and data segments each way. A pass's
-traffic is the difference across it. Round trips are counted by the worker's replies: each request
-llama.cpp waits on is answered by one message, and on a connection otherwise silent that reply
-starts a burst of received segments; `replies` counts those bursts as the received data segments
-of at most one maximum segment size (a reply larger than one segment, such as the logits, counts
-once per extra full segment too, so it is an upper bound: docs/measurements has exact counts).
+traffic is the difference across it. Round trips are not visible here (a reply may span several
+segments); rpc/wiretap.py counts them exactly, for measurements.
 """
 
 from __future__ import annotations
@@ -17,9 +14,11 @@ import socket
 import struct
 from dataclasses import dataclass
 
+import numpy as np
 import psutil
 
 TCP_INFO_LEN = 232
+MAX_PASSES = 4096
 # offsets in struct tcp_info (linux/tcp.h): u64 bytes_acked @120, bytes_received @128; u32 data_segs_in @152, data_segs_out @156
 _FIELDS = (("bytes_sent", 120, "Q"), ("bytes_received", 128, "Q"), ("segments_in", 152, "I"), ("segments_out", 156, "I"))
 
@@ -74,13 +73,12 @@ def worker_fds(endpoints) -> dict[str, list[int]]:
 
 
 class WorkerLinks:
-    """The connections to the workers of one split: their traffic so far, per pass."""
+    """The connections to the workers of one split: their traffic per pass, by the pass's tokens."""
 
     def __init__(self, endpoints):
         self.endpoints = tuple(endpoints)
         self.fds = worker_fds(self.endpoints)
-        self.passes = 0
-        self.per_pass = Traffic()  # summed over the passes counted
+        self.passes: list[tuple[int, Traffic]] = []  # (tokens, traffic) of each verification pass, the last MAX_PASSES
         self._start: Traffic | None = None
 
     def total(self) -> Traffic:
@@ -96,14 +94,26 @@ class WorkerLinks:
     def pass_starts(self) -> None:
         self._start = self.total()
 
-    def pass_ends(self) -> None:
+    def pass_ends(self, tokens: int) -> None:
         if self._start is not None:
-            self.per_pass = self.per_pass + (self.total() - self._start)
-            self.passes += 1
+            self.passes = self.passes[-(MAX_PASSES - 1):] + [(tokens, self.total() - self._start)]
             self._start = None
 
     def summary(self) -> dict:
-        n = max(self.passes, 1)
-        t = self.per_pass
-        return {"verify_passes": self.passes, "bytes_sent_per_pass": t.bytes_sent / n, "bytes_received_per_pass": t.bytes_received / n,
-                "segments_in_per_pass": t.segments_in / n, "segments_out_per_pass": t.segments_out / n}
+        """Mean bytes and segments per pass, and the bytes of a pass as fixed + per token (least
+        squares over the passes seen: the profile's passes of 1 to 64 tokens, then the answers')."""
+        if not self.passes:
+            return {"verify_passes": 0}
+        n = len(self.passes)
+        tokens = np.array([t for t, _ in self.passes], float)
+        received = np.array([tr.bytes_received for _, tr in self.passes], float)
+        sent = np.array([tr.bytes_sent for _, tr in self.passes], float)
+        out = {"verify_passes": n, "mean_tokens_per_pass": float(tokens.mean()),
+               "bytes_sent_per_pass": float(sent.mean()), "bytes_received_per_pass": float(received.mean()),
+               "segments_in_per_pass": sum(tr.segments_in for _, tr in self.passes) / n,
+               "segments_out_per_pass": sum(tr.segments_out for _, tr in self.passes) / n}
+        if len(set(tokens)) > 1:
+            for name, y in (("received", received), ("sent", sent)):
+                slope, fixed = np.polyfit(tokens, y, 1)
+                out[f"bytes_{name}_fixed"], out[f"bytes_{name}_per_token"] = float(fixed), float(slope)
+        return out

@@ -132,7 +132,7 @@ class LlamaTarget:
             self.split.pass_starts()
         logits = np.array(self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool)))  # own copy: llama.cpp reuses its buffer
         if self.split is not None:
-            self.split.pass_ends()
+            self.split.pass_ends(len(tree))
         if self.window is not None and (split := self.window.pass_ends()) is not None:
             self.page_wait_seconds += split.wait_seconds
         return logits
