@@ -151,12 +151,14 @@ def layer_callback(on_layer):
 # --- models -----------------------------------------------------------------------------------
 
 
-def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True):
+def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True,
+               configure=None):
     """Load a GGUF with the crash guard; returns llama.cpp's model handle (free it with llama_model_free).
 
     resident: read the weights into anonymous memory instead of mapping the file, so the page cache
     cannot evict them (a drafter beside a target that streams). repack: let llama.cpp copy weights
     into its faster CPU layouts (anonymous memory too; off for a target that must stay mapped).
+    configure(params): sets more of llama_model_params last (a split across workers: loading/rpc_split.py).
     """
     path = check_gguf_file(path)
     _backend_ready()
@@ -165,6 +167,8 @@ def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int 
     params.vocab_only = vocab_only
     params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if resident else llama_cpp.LLAMA_LOAD_MODE_MMAP
     params.use_extra_bufts = repack and not cpu_has_amx()
+    if configure is not None:
+        configure(params)
     handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not handle:
         raise OndeviceError(f"llama.cpp could not load {path} (corrupt or unsupported GGUF); download it again.")
@@ -174,10 +178,10 @@ def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int 
 class LlamaModel:
     """A loaded GGUF model: weights plus vocabulary facts."""
 
-    def __init__(self, path: str | Path, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True):
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True, configure=None):
         self.path = Path(path)
         self.resident, self.repack = resident, repack
-        self.handle = load_model(path, n_gpu_layers=n_gpu_layers, resident=resident, repack=repack)
+        self.handle = load_model(path, n_gpu_layers=n_gpu_layers, resident=resident, repack=repack, configure=configure)
         vocab = llama_cpp.llama_model_get_vocab(self.handle)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self.handle))

@@ -219,6 +219,14 @@ def _placement_json(target, memory: MemoryPlan | None = None) -> dict:
     """Where the target lives: its layers' tiers (ollama `ps` style) and the bytes streamed per pass;
     for a llama.cpp target the memory plan (in RAM, or streamed from disk through the page cache)."""
     placement = getattr(target, "placement", None)
+    split = getattr(target, "split", None)
+    if split is not None:  # --rpc: which layers each machine holds, the traffic per pass
+        return {"placement": {**(memory.to_dict() if memory is not None else {}), "target": "rpc", "rpc": split.to_dict()},
+                "bytes_streamed_per_pass": 0}
+    split = getattr(target, "split", None)
+    if split is not None:  # --rpc: which layers each machine holds, the traffic per pass
+        return {"placement": {**(memory.to_dict() if memory is not None else {}), "target": "rpc", "rpc": split.to_dict()},
+                "bytes_streamed_per_pass": 0}
     if placement is None and memory is not None:
         return {"placement": {"target": memory.placement, **memory.to_dict()}, "bytes_streamed_per_pass": memory.bytes_read_per_pass}
     if placement is None:

@@ -44,10 +44,13 @@ def llama_cpp_logits(gguf_path, tokens) -> np.ndarray:
     """(len(tokens), vocab) logits of llama.cpp evaluating tokens as one plain causal sequence."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(
-        str(gguf_path), n_ctx=256, logits_all=True, flash_attn=False, n_threads=2, verbose=False,
-        type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
-    )  # fmt: skip
+    from ondevice.bench.llamacpp_rows import amx_crash_guard
+
+    with amx_crash_guard():  # llama.cpp's repacked weights die of an illegal instruction on AMX CPUs here
+        llm = llama_cpp.Llama(
+            str(gguf_path), n_ctx=256, logits_all=True, flash_attn=False, n_threads=2, verbose=False,
+            type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
+        )  # fmt: skip
     llm.eval(list(tokens))
     logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
     llm.close()

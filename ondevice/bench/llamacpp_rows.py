@@ -55,7 +55,7 @@ class GreedyChain(LlamaDraftModel):
 
 
 @contextlib.contextmanager
-def _crash_guard():
+def amx_crash_guard():
     """Llama() builds its model parameters itself: keep llama.cpp's repacking off on AMX CPUs."""
     if not cpu_has_amx():
         yield
@@ -75,13 +75,14 @@ def _crash_guard():
         bindings.llama_model_default_params = original
 
 
-def load_llama(target_path, n_ctx: int, threads: int, draft_model: LlamaDraftModel | None = None) -> llama_cpp.Llama:
+def load_llama(target_path, n_ctx: int, threads: int, draft_model: LlamaDraftModel | None = None, **placement) -> llama_cpp.Llama:
+    """placement: Llama()'s n_gpu_layers and tensor_split, for a split over RPC workers (eval/llamacpp_split.py)."""
     batch = SPEC_BATCH if draft_model is not None else 512
     check_gguf_file(target_path)  # a header llama.cpp would abort on is one line first, as in every other load
-    with _crash_guard():
+    with amx_crash_guard():
         llm = llama_cpp.Llama(
             model_path=str(target_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
-            draft_model=draft_model, verbose=False,
+            draft_model=draft_model, verbose=False, **placement,
         )
     set_llama_logging(False)  # Llama(verbose=False) installs its own log callback; keep ours quiet too
     return llm

@@ -65,3 +65,7 @@ app.add_typer(quant_cmd.app, name="quant", help="Build drafter variants: VocabTr
 from ondevice.cli import serve_cmd  # noqa: E402
 
 app.command("serve")(serve_cmd.serve)
+
+from ondevice.cli import worker_cmd  # noqa: E402
+
+app.command("worker")(worker_cmd.worker)

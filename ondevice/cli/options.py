@@ -68,10 +68,16 @@ KeepDrafter = Annotated[
     typer.Option("--keep-drafter/--drop-drafter", help="A target streaming from disk: load the drafter model anyway, or leave it out and give its RAM to the target's layers (free drafts stay on). Default: whichever measured faster here."),
 ]
 
+Rpc = Annotated[
+    Optional[str],
+    typer.Option("--rpc", help="Split the target across this machine and `ondevice worker`s, e.g. 127.0.0.1:50052,10.0.0.3:50052: "
+                 "layers placed by the memory each offers; the drafter stays on this CPU. Trusted networks or SSH tunnels only."),
+]
+
 LOAD_FLAGS = {  # LoadOptions field -> its flag (`device` has none: the torch target's device, for the Python API)
     "model": Model, "target": TargetModel, "drafter": DrafterModel, "target_backend": TargetBackend, "drafter_backend": DrafterBackend,
     "draft": Draft, "vocab_trim": VocabTrim, "threads": Threads, "ctx": Ctx, "gpu_memory": GpuMemory, "ram_memory": RamMemory,
-    "overlap": Overlap, "keep_drafter": KeepDrafter,
+    "overlap": Overlap, "keep_drafter": KeepDrafter, "rpc": Rpc,
 }
 DECODING_FLAGS = {  # Decoding field -> its flag
     "max_tokens": MaxTokens, "temperature": Temperature, "top_p": TopP, "top_k": TopK, "seed": Seed, "tree": Tree, "budget": Budget,

@@ -13,6 +13,7 @@ from ondevice.cli.literal import say
 from ondevice.decode.engine import Stats
 from ondevice.loading.options import Answers, LoadOptions
 from ondevice.prompt.text import check_text
+from ondevice.rpc.view import split_line
 
 
 @opt.load_options
@@ -45,7 +46,9 @@ def generate(
     else:
         print()
         say(err, stats_line(stats, pipe), "dim")
-        if getattr(pipe.engine.target, "streamer", None) is not None:
+        if getattr(pipe.engine.target, "split", None) is not None:
+            say(err, split_line(pipe.engine.target.split), "dim")
+        elif getattr(pipe.engine.target, "streamer", None) is not None:
             say(err, pipe.engine.target.placement_summary(), "dim")
         elif pipe.memory is not None and pipe.memory.streams:
             read = f", {stats.bytes_read_per_pass / 1e9:.2f} GB read per pass" if stats.bytes_read_per_pass is not None else ""

@@ -17,6 +17,7 @@ from ondevice.loading.memory import MemoryPlan, answer_context
 from ondevice.loading.options import CPU_BACKENDS, DEFAULT_CTX, Answers, LoadOptions
 from ondevice.loading.plan import LoadPlan, MemoryPlans, pick_backend
 from ondevice.loading.profiling import profile_backends, streaming_profile
+from ondevice.loading.rpc_load import RPC_MAX_TREE
 from ondevice.machine.facts import default_threads, machine_facts
 from ondevice.machine.ram import anon_rss
 from ondevice.onnx.export_files import drafter_export_built
@@ -38,15 +39,27 @@ def plan_load(opts: LoadOptions, files: PairFiles, process_bytes: int | None = N
     planned from the same headers."""
     threads = opts.threads or default_threads()
     plans = MemoryPlans(files, opts, process_bytes)
+    if opts.rpc is not None:  # llama.cpp places the split; the planner's profile is the split's own
+        target, drafter = "llama", "llama" if opts.drafter_backend == "auto" else opts.drafter_backend
+        n_ctx = rpc_context(opts, answers, tokenizer)
+        return LoadPlan(files, opts, target, drafter, threads, n_ctx, plans.plan(target, drafter, n_ctx), plans.split)
     trim_if_streaming(files, opts, plans, status)  # the catalog's keep set: a smaller drafter, more layers cached
     target, drafter = pick_backends(opts, files, threads, plans)
     memory, n_ctx = sized_memory(plans, target, drafter, answers, tokenizer)
-    plan = LoadPlan(files, opts, target, drafter, threads, n_ctx, memory)
+    plan = LoadPlan(files, opts, target, drafter, threads, n_ctx, memory, plans.split)
     if plan.streams and files.drafter is not None and not opts.keep_drafter and opts.drafter is None:
         lean = plans.without_drafter()
         lean_memory, lean_ctx = sized_memory(lean, target, drafter, answers, tokenizer)
         plan = replace(plan, lean=replace(plan, files=lean.files, n_ctx=lean_ctx, memory=lean_memory))
     return plan
+
+
+def rpc_context(opts: LoadOptions, answers: Answers | None, tokenizer: Tokenizer | None) -> int:
+    """A split target's context: --ctx, else sized to the answers (or chat's STREAMING_CHAT_CTX), as a
+    streaming target's: each worker holds its layers' KV cells, room that holds layers otherwise."""
+    if opts.ctx is not None or not (answers or opts.streaming_ctx):
+        return opts.context
+    return min(DEFAULT_CTX, sized_context(tokenizer, answers, RPC_MAX_TREE) if answers else opts.streaming_ctx)
 
 
 def sized_memory(plans: MemoryPlans, target: str, drafter: str, answers: Answers | None, tokenizer: Tokenizer | None) -> tuple[MemoryPlan | None, int]:

@@ -40,6 +40,7 @@ class LoadOptions:
     # (chat: STREAMING_CHAT_CTX; None: DEFAULT_CTX): every KV cell not allocated keeps target layers cached
     free_tree_nodes: int | None = None  # the largest tree of the free drafters asked for (a --tree lookup/suffix/
     # recycle --budget): a load without the drafter model sizes a streaming target's buffers for it; None: FREE_TREE_NODES
+    rpc: str | None = None  # "host:port,…": the target's layers split across this machine and these workers (ondevice/rpc)
 
     def checked(self) -> "LoadOptions":
         """These options, or an OndeviceError naming the bad one: checked before anything is downloaded."""
@@ -59,6 +60,10 @@ class LoadOptions:
                 stores.check(ref, flag)
         if self.drafter is not None and not self.draft:
             raise OndeviceError("--drafter and --no-draft contradict each other; drop one.")
+        if self.rpc is not None:
+            from ondevice.loading.rpc_load import check_rpc_options  # lazy: ggml's RPC library only with --rpc
+
+            check_rpc_options(self)
         return self
 
     @property

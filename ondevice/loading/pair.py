@@ -18,6 +18,7 @@ from ondevice.loading.choices import plan_load
 from ondevice.loading.drafter_room import DrafterChoice, drafter_or_layers, drafterless_curve
 from ondevice.loading.options import Answers, LoadOptions
 from ondevice.loading.plan import LoadPlan
+from ondevice.loading.rpc_load import profile_split
 from ondevice.loading.profiling import profile_backends, streaming_profile
 from ondevice.machine.ram import anon_rss
 from ondevice.plan.profile import ProfileBackends
@@ -56,6 +57,8 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
         drafter = cross_vocab.open_drafter(plan, tokenizer, status)  # another tokenizer: drafts the tokens both hold
     target = plan.open_target()
     backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
+    if plan.split is not None and drafter is not None:  # a split's passes: its own curve, timed once (rpc_load.py)
+        profile_split(backends, status)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
     engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
     placement = target.placement_summary() if plan.memory is None else plan.memory.describe()

@@ -14,6 +14,8 @@ from ondevice.loading.memory import MemoryPlan, ModelSize, plan_memory
 from ondevice.loading.options import LoadOptions
 from ondevice.machine.facts import cuda_available, default_threads
 from ondevice.machine.ram import RamBudget, ram_budget, unmap_large_frees
+from ondevice.loading.rpc_load import plan_split_load
+from ondevice.loading.rpc_split import RpcSplit
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.decode.protocols import FREE_TREE_NODES, MAX_BUDGET
 from ondevice.sizes import parse_size
@@ -34,6 +36,7 @@ class LoadPlan:
     threads: int
     n_ctx: int
     memory: MemoryPlan | None  # None for the torch and ONNX targets, which plan their own memory
+    split: RpcSplit | None = None  # --rpc: which layers live on this machine and on each worker
     lean: LoadPlan | None = None  # a target streaming with the drafter: the plan without it (loading/drafter_room.py)
 
     @property
@@ -43,7 +46,8 @@ class LoadPlan:
     def open_target(self, backend: str | None = None):
         """The target as planned, or on another `backend` (llama.cpp's defaults, not the plan's)."""
         opts, memory = self.options, self.memory if backend is None else None
-        return open_target(backend or self.target_backend, self.files.target, self.n_ctx, self.threads, opts, memory)
+        return open_target(backend or self.target_backend, self.files.target, self.n_ctx, self.threads, opts, memory,
+                           self.split if backend is None else None)
 
     def open_drafter(self, backend: str | None = None, target_vocab: int | None = None):
         """The drafter model as planned, or on another `backend` (buffers not sized by the plan)."""
@@ -60,6 +64,7 @@ class MemoryPlans:
         self.files, self.opts, self.process_bytes = files, opts, process_bytes
         self._sizes: dict[Path, ModelSize] = {}
         self._plans: dict[tuple, MemoryPlan] = {}
+        self.split: RpcSplit | None = None  # --rpc: the split of the last plan made
 
     def without_drafter(self) -> MemoryPlans:
         """The plans of the same load without the drafter model (the headers already read are kept)."""
@@ -83,7 +88,10 @@ class MemoryPlans:
         key = (drafter, n_ctx or self.opts.context)
         if key not in self._plans:
             sizes = self.size(drafter) if drafter is not None else None
-            self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
+            if self.opts.rpc is not None:  # the target's layers across this machine and the workers
+                self._plans[key], self.split = plan_split_load(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
+            else:
+                self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
         return self._plans[key]
 
 
@@ -110,7 +118,8 @@ def largest_tree(on_gpu: bool) -> int:
     return MAX_BUDGET if on_gpu else CPU_MAX_TREE
 
 
-def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOptions, memory: MemoryPlan | None):
+def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOptions, memory: MemoryPlan | None,
+                split: RpcSplit | None = None):
     """The target on `backend`: the ONNX one (onnx/target.py), else as targets/loader.py opens it,
     sized by `memory` (None: llama.cpp's defaults)."""
     if backend == "onnx":
@@ -120,6 +129,8 @@ def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOp
 
         return OnnxTarget.from_gguf(path, n_ctx=n_ctx, threads=threads)
     sized = memory.llama_target_sizes() if memory is not None else None
+    if split is not None:  # its layers split across the workers
+        sized = {**(sized or {}), "split": split}
     if memory is not None and memory.streams:
         unmap_large_frees()  # the heap shares the limit with the kept layers: what it frees goes back
     return load_target(backend, path, n_ctx, threads, sized, opts.device, opts.gpu_memory, opts.ram_memory, largest_tree(on_gpu=False))

@@ -32,8 +32,8 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
     others_d = {} if files.drafter is None else {
         name: (lambda name=name: plan.open_drafter(name).probe_batch) for name in drafters if name != drafter
     }  # fmt: skip
-    if plan.streams:  # another target would not run within the plan; another drafter is measured alone (pick_backends)
-        others_t = {}
+    if plan.streams or plan.split is not None:  # another target would not run within the plan (or on the workers);
+        others_t = {}  # another drafter is measured alone (pick_backends)
     sized_drafter = lambda: plan.open_drafter().probe_batch  # noqa: E731
     return ProfileBackends(
         pair=files.name, backend=backend_label(target, threads), model_files=model_files,
@@ -41,7 +41,8 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
         make_decode_batch=make_decode_batch if make_decode_batch or files.drafter is None else sized_drafter,
         overlap_possible=on_gpu or spare_cores, max_tree=min(largest_tree(on_gpu), memory.sizes.max_tree if memory else MAX_BUDGET),
         target_name=target, drafter_name=drafter, other_targets={} if on_gpu else others_t, other_drafters=others_d,
-        key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if plan.streams else ""), memory=memory, profile_first=on_gpu,
+        key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if plan.streams else "") + (f"-{plan.split.key}" if plan.split else ""),
+        memory=memory, profile_first=on_gpu,
         lean_curve=lean_curve,
     )  # fmt: skip
 

@@ -53,14 +53,17 @@ class LlamaTarget(Target):
         streams: bool = False,
         window: int = 0,
         kept_layers: Sequence[int] = (),
+        split=None,
     ):
         """max_tree_nodes: the biggest tree verified in one pass; the context's logits rows and
         sequences are sized for it (`ondevice.loading.memory`), prompts are still prefilled n_ubatch
         tokens per pass. streams: the file is larger than the RAM left for it: keep every weight in
         the mapped file (no repacking into anonymous memory) so the page cache can stream it.
         window > 0 (with streams): steer the page cache layer by layer, prefetching `window` layers
-        ahead and dropping the finished ones except `kept_layers` (direct_window.py, or page_cache.py)."""
-        self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams)
+        ahead and dropping the finished ones except `kept_layers` (direct_window.py, or page_cache.py).
+        split: the layers placed across this machine and RPC workers (loading/rpc_split.py's RpcSplit)."""
+        self.split = split
+        self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams, configure=split.configure if split else None)
         self.window = open_window(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
         self.disk_stat = stat_file(model_path) if streams else None
         self.page_wait_seconds = 0.0  # the passes' waits for pages (measured with a window)
@@ -71,6 +74,8 @@ class LlamaTarget(Target):
             threads=threads, kv_type=kv_type, n_outputs_max=max_tree_nodes,
             eval_callback=layer_callback(self.window.layer_done) if self.window else None,
         )
+        if split is not None:
+            split.attach()  # a lost worker: one line, not an abort; its traffic counted per pass
         self.n_ctx = n_ctx
         self.n_vocab = self.model.n_vocab
         self.max_tree_nodes = max_tree_nodes
@@ -123,7 +128,11 @@ class LlamaTarget(Target):
         if self.window is not None:
             self.window.pass_starts()
             self.window.before_decode()
+        if self.split is not None:
+            self.split.pass_starts()
         logits = np.array(self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool)))  # own copy: llama.cpp reuses its buffer
+        if self.split is not None:
+            self.split.pass_ends(len(tree))
         if self.window is not None and (split := self.window.pass_ends()) is not None:
             self.page_wait_seconds += split.wait_seconds
         return logits
