@@ -48,7 +48,7 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
     plan = plan_load(opts, files, process, answers, tokenizer, status)
     choice, lean_curve = None, None
-    if plan.lean is not None:
+    if plan.streams and files.drafter is not None:  # with the drafter asked for too: its profile is measured apart
         profile = streaming_profile(plan)  # measured apart: see there
         plan, choice = drafter_or_layers(plan, profile, status)
         files, lean_curve = plan.files, drafterless_curve(profile, plan)
