@@ -386,3 +386,9 @@ SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
     """A prompt of any set as chat messages: a string is one user message, a conversation stays as it is."""
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
+def encoded(name: str, limit: int, tokenizer) -> list[list[int]]:
+    """The first `limit` prompts of set `name` (0: all) through `tokenizer`'s chat template, as the
+    bench encodes them (anything with `encode_chat(messages)`)."""
+    return [tokenizer.encode_chat(messages(t)) for t in SETS[name][: limit or None]]

@@ -34,8 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     models = choose(args.pair, args.target, args.drafter, True)
     tokenizer = Tokenizer(models.target)
-    texts = prompt_sets.SETS[args.prompts][: args.limit or None]
-    ids = [tokenizer.encode_chat(prompt_sets.messages(t)) for t in texts]
+    ids = prompt_sets.encoded(args.prompts, args.limit, tokenizer)
     rows = []
     for name in args.rows.split(","):
         result, outputs = run_named(llamacpp_name(name.strip()), models, args.ctx, args.threads, ids, args.max_tokens, tokenizer.is_end)

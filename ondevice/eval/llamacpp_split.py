@@ -54,7 +54,7 @@ def main(argv=None) -> None:
         ap.error("--layers needs one count for this machine and one per worker")
     files = choose(args.pair, None, None, draft=False)
     tok = Tokenizer(files.target)
-    prompts = [tok.encode_chat(prompt_sets.messages(t)) for t in prompt_sets.SETS[args.prompts][: args.limit or None]]
+    prompts = prompt_sets.encoded(args.prompts, args.limit, tok)
     register_workers(endpoints)
     shares = layers[1:]
     shares[-1] += 1  # the LM head: one more "layer" after the last, on the last worker

@@ -58,8 +58,7 @@ def check_report(report: dict, target: LlamaTarget, prompts: list[list[int]], si
 
 def prompts_of(report: dict, tokenizer: Tokenizer) -> list[list[int]]:
     """The report's prompts as the bench encoded them (its set, the first `prompts` of it)."""
-    texts = prompt_sets.SETS[report["prompt_set"]][: report["prompts"]]
-    return [tokenizer.encode_chat(prompt_sets.messages(t)) for t in texts]
+    return prompt_sets.encoded(report["prompt_set"], report["prompts"], tokenizer)
 
 
 def summary_line(name: str, check: dict) -> str:
