@@ -179,23 +179,12 @@ def prompt_ids(real_pair) -> list[int]:
 def llama_cpp_greedy(path, prompt: list[int], n: int, logits_all: bool = False):
     """llama-cpp-python's own high-level generator (greedy), loaded with the same crash guard."""
     import llama_cpp
-    import llama_cpp.llama_cpp as low
 
-    from ondevice.llama_backend import cpu_has_amx
+    from ondevice.bench.llamacpp_rows import amx_crash_guard
 
-    default_params = low.llama_model_default_params
-
-    def guarded():  # the weight layout ondevice's loads use on this CPU: the same kernels
-        params = default_params()
-        params.use_extra_bufts = not cpu_has_amx()
-        return params
-
-    low.llama_model_default_params = guarded
-    try:
+    with amx_crash_guard():  # the weight layout ondevice's loads use on this CPU: the same kernels
         llm = llama_cpp.Llama(str(path), n_ctx=512, n_threads=2, n_threads_batch=2, n_batch=512,
                               type_k=0, type_v=0, logits_all=logits_all, verbose=False)  # fmt: skip
-    finally:
-        low.llama_model_default_params = default_params
     if logits_all:
         return llm
     out = []
