@@ -99,6 +99,28 @@ def cpu_has_amx() -> bool:
     return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
 
 
+@contextlib.contextmanager
+def amx_crash_guard():
+    """For llama-cpp-python's own `Llama()`, which builds its model parameters itself: llama.cpp's
+    repacking (extra buffer types) stays off on AMX CPUs, as in every load of ours."""
+    if not cpu_has_amx():
+        yield
+        return
+    bindings = llama_cpp.llama_cpp  # the module whose global Llama.__init__ looks the function up in
+    original = bindings.llama_model_default_params
+
+    def guarded():
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    bindings.llama_model_default_params = guarded
+    try:
+        yield
+    finally:
+        bindings.llama_model_default_params = original
+
+
 def check_gguf_file(path: str | Path) -> Path:
     """The path as a Path if it is a GGUF file llama.cpp may load (files/gguf_check.py: a malformed
     header or metadata llama.cpp would abort on is refused first); else OndeviceError naming the fix."""

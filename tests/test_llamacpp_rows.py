@@ -12,6 +12,7 @@ import pytest
 from ondevice.decode.engine import SpecEngine
 from ondevice.decode.stats import collect
 from ondevice.errors import OndeviceError
+from ondevice import llama_backend
 from ondevice.bench import llamacpp_rows
 from ondevice.eval import llamacpp_rows as rows_script
 from ondevice.targets.llama_target import LlamaTarget
@@ -76,7 +77,7 @@ def test_the_amx_guard_reaches_the_params_llama_loads_with(pair, monkeypatch):
     """On an AMX CPU the baseline's Llama must load without llama.cpp's extra buffer types (their
     repacked weights crash there, and copy the whole model into anonymous memory): the guard must
     patch the function Llama.__init__ actually calls."""
-    monkeypatch.setattr(llamacpp_rows, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(llama_backend, "cpu_has_amx", lambda: True)
     llm = llamacpp_rows.load_llama(pair.target, 64, 1)
     try:
         assert llm.model_params.use_extra_bufts is False

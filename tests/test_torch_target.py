@@ -44,7 +44,7 @@ def llama_cpp_logits(gguf_path, tokens) -> np.ndarray:
     """(len(tokens), vocab) logits of llama.cpp evaluating tokens as one plain causal sequence."""
     import llama_cpp
 
-    from ondevice.bench.llamacpp_rows import amx_crash_guard
+    from ondevice.llama_backend import amx_crash_guard
 
     with amx_crash_guard():  # llama.cpp's repacked weights die of an illegal instruction on AMX CPUs here
         llm = llama_cpp.Llama(

@@ -25,7 +25,6 @@ than memory": "Why 1.2 GB").
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Callable, Sequence
 
@@ -37,7 +36,7 @@ from ondevice.bench.runner import BenchResult
 from ondevice.decode.engine import Stats
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.errors import OndeviceError
-from ondevice.llama_backend import check_gguf_file, cpu_has_amx, set_llama_logging
+from ondevice.llama_backend import amx_crash_guard, check_gguf_file, set_llama_logging
 from ondevice.decode.protocols import DraftSpec
 
 SPEC_BATCH = 64
@@ -52,27 +51,6 @@ class GreedyChain(LlamaDraftModel):
     def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
         tree = self.drafter.draft([int(t) for t in input_ids], DraftSpec("chain", self.k))
         return np.asarray(tree.tokens[1:], dtype=np.intc)
-
-
-@contextlib.contextmanager
-def amx_crash_guard():
-    """Llama() builds its model parameters itself: keep llama.cpp's repacking off on AMX CPUs."""
-    if not cpu_has_amx():
-        yield
-        return
-    bindings = llama_cpp.llama_cpp  # the module whose global Llama.__init__ looks the function up in
-    original = bindings.llama_model_default_params
-
-    def guarded():
-        params = original()
-        params.use_extra_bufts = False
-        return params
-
-    bindings.llama_model_default_params = guarded
-    try:
-        yield
-    finally:
-        bindings.llama_model_default_params = original
 
 
 def load_llama(target_path, n_ctx: int, threads: int, draft_model: LlamaDraftModel | None = None, **placement) -> llama_cpp.Llama:
