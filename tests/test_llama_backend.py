@@ -105,12 +105,13 @@ UNGUARDED = """
 
 @pytest.mark.real
 def test_without_the_guard_this_cpu_crashes(real_pair):
-    """Shows the guard is needed here: the default load segfaults on an 8-token batch with AMX."""
+    """Shows the guard is needed here: the default load dies on an 8-token batch with AMX (a segfault
+    on one Xeon, an illegal instruction on another, whose kernel does not grant the AMX tile state)."""
     if not lb.cpu_has_amx():
         pytest.skip("this CPU has no AMX: the unguarded load does not crash here")
     result = run_python(UNGUARDED.format(path=str(real_pair.drafter)), env={"GGML_NO_BACKTRACE": "1"})
-    assert result.returncode == -signal.SIGSEGV, (
-        f"expected the unguarded AMX path to segfault, got exit code {result.returncode}; is the guard still needed?"
+    assert result.returncode in (-signal.SIGSEGV, -signal.SIGILL), (
+        f"expected the unguarded AMX path to crash, got exit code {result.returncode}; is the guard still needed?"
     )
 
 
