@@ -258,3 +258,50 @@ def test_bench_runs_auto_on_a_pipeline_without_the_drafter_model(tiny_home, monk
         rows = [result for result, _ in bench_specs(pipe, ids, [None, DraftSpec("auto", 0)], 16, Sampling(), as_json=True)]
     assert [r.builder for r in rows] == ["none", "auto"] and rows[1].predicted_tokens_per_second > 0  # planned: priced
     assert rows[1].same_as_target == 1  # the free drafters' answer is the target alone's
+
+
+def test_a_nearly_fitting_target_is_left_to_the_page_cache_where_that_timed_faster(tiny_home, monkeypatch):  # noqa: F811
+    from ondevice.loading import drafter_room
+
+    stream_tiny_target(tiny_home, monkeypatch)
+    monkeypatch.setattr(drafter_room, "NEAR_FIT", 1.0)  # the tiny target's drafter-less plan counts as nearly fitting
+    load = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=False)
+    with ondevice.load("tiny", draft=False, **load) as alone:
+        reference, _ = answer(alone, None)
+    timed, planned = drafter_room.time_plan, []
+
+    def faster(steered: bool):  # each plan really loaded and timed; the one named made 10x faster, so that it wins
+        def time_plan(lean):
+            planned.append(lean.memory.steered)
+            t = timed(lean)
+            return replace(t, seconds=t.seconds / 10) if lean.memory.steered == steered else t
+        return time_plan
+
+    monkeypatch.setattr(drafter_room, "time_plan", faster(steered=False))
+    with ondevice.load("tiny", **load) as pipe:
+        assert planned == [True, False]  # both timed
+        assert pipe.memory.streams and not pipe.memory.steered and pipe.engine.target.window is None
+        assert "left to the page cache" in pipe.placement
+        assert answer(pipe, DraftSpec("auto", 0))[0] == reference
+    (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    assert AlonePass.from_dict(json.loads(saved.read_text())["alone"]).steered is False
+    with ondevice.load("tiny", **load) as pipe:  # the next load: as timed, not timed again
+        assert planned == [True, False] and not pipe.memory.steered
+    data = json.loads(saved.read_text())
+    data["alone"].pop("steered")  # a pass timed before the kernel's way was timed: timed again
+    saved.write_text(json.dumps(data))
+    monkeypatch.setattr(drafter_room, "time_plan", faster(steered=True))
+    with ondevice.load("tiny", **load) as pipe:
+        assert planned[2:] == [True, False] and pipe.memory.steered and pipe.engine.target.window is not None
+        assert answer(pipe, DraftSpec("auto", 0))[0] == reference
+
+
+def test_a_target_that_does_not_nearly_fit_is_not_timed_left_to_the_kernel(tiny_home, monkeypatch):  # noqa: F811
+    from ondevice.loading import drafter_room
+
+    stream_tiny_target(tiny_home, monkeypatch)
+    monkeypatch.setattr(drafter_room, "NEAR_FIT", -1.0)  # no plan nearly fits (the tiny one keeps every layer)
+    timed, planned = drafter_room.time_plan, []
+    monkeypatch.setattr(drafter_room, "time_plan", lambda lean: planned.append(lean.memory.steered) or timed(lean))
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=False) as pipe:
+        assert planned == [True] and pipe.memory.steered

@@ -155,6 +155,17 @@ def test_a_steered_page_cache_keeps_the_head_then_layers_spread_through_the_pass
     assert max(gaps) - min(gaps) <= 1 and layers[-1] - layers[0] >= 28 - 28 // len(layers) - 1
 
 
+def test_a_plan_left_to_the_page_cache_opens_the_file_mapped_without_a_window():
+    steered = plan_memory(TARGET, None, budget=RamBudget(1200 * MiB, "test"), process_bytes=100 * MiB, ahead=2)
+    kernel = steered.unsteered()
+    assert steered.streams and steered.llama_target_sizes()["window"] == 2 and steered.llama_target_sizes()["kept_layers"]
+    sizes = kernel.llama_target_sizes()
+    assert sizes["streams"] and sizes["window"] == 0 and sizes["kept_layers"] == ()  # mapped, unrepacked, the kernel's
+    assert kernel.kept_layer_count == steered.kept_layer_count  # the room it leaves the page cache is the same
+    assert "left to the page cache" in kernel.describe() and "left to" not in steered.describe()
+    assert (kernel.to_dict()["page_cache"], steered.to_dict()["page_cache"]) == ("kernel", "steered")
+
+
 @pytest.mark.parametrize("sizes", [[10] * 28, [12, 10, 10, 12] * 7, [10] * 5 + [30] + [10] * 6])
 def test_spread_layers_keeps_as_many_as_fit_evenly(sizes):
     for room in range(0, sum(sizes) + 1, 7):
@@ -308,3 +319,4 @@ def test_the_plan_counts_the_drafter_whichever_backend_runs_it(tiny, drafter_bac
     plan = MemoryPlans(models, LoadOptions(target_backend="llama", vocab_trim=False)).plan("llama", drafter_backend)
     assert plan.drafter_bytes == ModelSize.from_gguf(tiny).file_bytes > 0
     assert plan.resident_bytes > alone.resident_bytes
+

@@ -169,3 +169,15 @@ HELDOUT16_CHAT = [
     "How can I make my morning routine less rushed? Give me a short plan.",
     "Explain what a content delivery network does, for someone who runs a small website.",
 ]
+
+HELDOUT17_CODE = [  # written before the page-cache plan was measured (1.2 and 0.9 GB), measured once
+    "Write a Python function that merges overlapping intervals in a list of (start, end) tuples.",
+    "Write a Go function that reads a CSV file and returns the sum of its second column.",
+    "Write a bash script that deletes files older than 7 days in a given directory, printing each name.",
+]
+
+HELDOUT17_CHAT = [
+    "Why do bread recipes ask you to let the dough rest? Keep it short.",
+    "What should I check before buying a used bicycle?",
+    "Explain the difference between a virus and a bacterium to a ten-year-old.",
+]

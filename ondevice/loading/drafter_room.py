@@ -34,6 +34,14 @@ The timed pass is one moment of a disk whose speed drifts (0.11–0.21 s for the
 minutes here), so where the drafter is kept by less than UNSURE (the planner's trust in a
 prediction, plan/arms.py) the next load times it again and the mean decides (`AlonePass.folded`).
 `--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
+
+Where the target without the drafter nearly fits (its plan reads at most NEAR_FIT of the file per
+pass), the load without it is timed twice: with the page cache steered layer by layer (the window
+of targets/page_cache.py or direct_window.py, the kept layers) and with the file only mapped and
+left to the kernel, as llama.cpp leaves it (`MemoryPlan.unsteered`). The window takes room of its
+own and reads every layer it does not keep; the kernel can keep nearly all of a file that nearly
+fits. The faster of the two is the load without the drafter. Where the file is much larger than the
+room, the kernel evicts every page before its next pass reads it again, so it is not timed there.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from ondevice.plan.profile import save_profile
 MEASURED_TOKENS = 24.0  # an arm's (faded) tokens before its measured rate is trusted over a prediction
 UNSURE = OPTIMISM  # a drafter kept by less than this factor over a timed target alone: time it again at the next load
 MAX_TIMINGS = 8  # the timed pass is the mean of the last this many loads' timings
+NEAR_FIT = 0.25  # a drafter-less plan reading at most this share of the file per pass is timed unsteered too
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ class AlonePass:
     timings: int = 1  # loads whose timing `seconds` averages (`folded`)
     curve: dict | None = None  # the latest timing's passes of 1 … its trees' nodes (LatencyCurve.to_dict), which the
     # drafter-less load's planner sizes free rounds on (plan/auto.py; under 1.2 GB 2 tokens cost 1.0–1.6× one there)
+    steered: bool = True  # False: the file left to the kernel's page cache timed faster (module docstring)
 
     def lean_curve(self) -> LatencyCurve | None:
         return None if self.curve is None else LatencyCurve.from_dict(self.curve)
@@ -76,8 +86,14 @@ class AlonePass:
     def folded(self, again: "AlonePass") -> "AlonePass":
         """The mean with another timing (of the last MAX_TIMINGS): a disk's speed drifts by half
         within minutes here (the same pass timed 0.11–0.21 s), so one timing can decide wrongly."""
+        if again.steered != self.steered:  # the other way of caching won this time: its own timing
+            return again
         n = min(self.timings, MAX_TIMINGS - 1)
         return replace(again, seconds=(self.seconds * n + again.seconds) / (n + 1), timings=n + 1)
+
+    def plan_for(self, lean: LoadPlan) -> LoadPlan:
+        """The load without the drafter as this timing found it faster: steered, or left to the kernel."""
+        return lean if self.steered else lean.unsteered()
 
     def times(self, kept_layers: int) -> bool:
         """Whether this timing is of a drafter-less plan keeping about `kept_layers` layers: a plan
@@ -91,7 +107,8 @@ class AlonePass:
     @classmethod
     def from_dict(cls, d: dict | None) -> "AlonePass | None":
         return None if d is None else cls(float(d["seconds"]), int(d["bytes_read_per_pass"]), int(d["kept_layers"]),
-                                          bool(d["in_ram"]), bool(d.get("busy", False)), int(d.get("timings", 1)), d.get("curve"))
+                                          bool(d["in_ram"]), bool(d.get("busy", False)), int(d.get("timings", 1)), d.get("curve"),
+                                          bool(d.get("steered", True)))
 
 
 @dataclass(frozen=True)
@@ -104,11 +121,13 @@ class DrafterChoice:
     layers_with: int = 0  # target layers kept cached with the drafter
     layers_without: int = 0
     explore: bool = False  # kept to be measured: predicted faster, by less than UNSURE, and not measured yet
+    steered_without: bool = True  # False: without the drafter the file is left to the kernel's page cache
 
     def describe(self) -> str:
         verdict = "drafter loaded to measure it" if self.explore else "drafter loaded" if self.keep else "drafter left out"
         return (f"{verdict}: with it {self.with_drafter:.2f} tok/s ({self.with_source}, {self.layers_with} layers kept), "
-                f"without it {self.without:.2f} tok/s ({self.without_source}, {self.layers_without} layers kept)")
+                f"without it {self.without:.2f} tok/s ({self.without_source}, "
+                + (f"{self.layers_without} layers kept)" if self.steered_without else "the file left to the page cache)"))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,7 +160,7 @@ def choose_drafter(profile, p_rank, book_with: ArmBook, book_without: ArmBook, l
     needed = without * (UNSURE if with_source == "predicted" else 1.0)  # a prediction must beat a measurement by the planner's distrust
     explore = with_source == "predicted" and without < with_drafter <= needed  # ... or be put to the test
     return DrafterChoice(with_drafter > needed or explore, with_drafter, without, with_source, without_source, layers_with,
-                         alone.kept_layers, explore)
+                         alone.kept_layers, explore, alone.steered)
 
 
 def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, DrafterChoice | None]:
@@ -152,8 +171,10 @@ def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, D
     if lean is None or profile is None:
         return plan, None
     saved = AlonePass.from_dict(profile.alone)
-    if saved is None or saved.curve is None or not saved.times(lean.memory.kept_layer_count):  # once per profile (and
+    untried = nearly_fits(lean) and "steered" not in (profile.alone or {})  # timed before the page cache was left to the kernel
+    if saved is None or saved.curve is None or not saved.times(lean.memory.kept_layer_count) or untried:  # once per profile (and
         time_alone_into(profile, lean, None, status)  # drafter-less plan): the streaming profile's child measured the drafter's side
+    lean = AlonePass.from_dict(profile.alone).plan_for(lean)  # steered, or left to the kernel: the faster
     if opts.keep_drafter is False:  # --drop-drafter (its planner sizes free rounds on the timed passes)
         return lean, None
     name = plan.files.name
@@ -161,8 +182,9 @@ def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, D
     layers, p_rank = plan.memory.kept_layer_count, AcceptanceTracker.load(name).p_rank
     choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
     if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
-        time_alone_into(profile, lean, AlonePass.from_dict(profile.alone), status)
+        time_alone_into(profile, plan.lean, AlonePass.from_dict(profile.alone), status)
         choice = choose_drafter(profile, p_rank, *books, layers_with=layers)
+        lean = AlonePass.from_dict(profile.alone).plan_for(plan.lean)
     return (plan if choice is None or choice.keep else lean), choice
 
 
@@ -185,12 +207,29 @@ def time_alone_into(profile, lean: LoadPlan, earlier: AlonePass | None, status=N
     save_profile(profile)
 
 
+def nearly_fits(lean: LoadPlan) -> bool:
+    """Whether a streaming plan reads at most NEAR_FIT of its file per pass (module docstring)."""
+    memory = lean.memory
+    return memory is not None and memory.streams and memory.bytes_read_per_pass <= NEAR_FIT * memory.target.file_bytes
+
+
 def time_alone(lean: LoadPlan) -> AlonePass:
-    """The target's 1-token pass as `lean` (the load without the drafter) plans it: what the drafter's
-    RAM is weighed against (loading/drafter_room.py). Timed here, before anything else is loaded, as
-    the profile times passes: the plan the load would run, where a child process (the streaming
-    profile's) would have less room, its own interpreter beside this one's (measured under 1.2 GB:
-    16 layers kept and 0.25 s per pass there; 19 and 0.18–0.21 s in this process at other minutes)."""
+    """The target's 1-token pass as `lean` (the load without the drafter) plans it, and where it nearly
+    fits (NEAR_FIT), also with its file left to the kernel's page cache: the faster of the two (module
+    docstring). What the drafter's RAM is weighed against."""
+    steered = time_plan(lean)
+    if not nearly_fits(lean):
+        return steered
+    kernel = time_plan(lean.unsteered())
+    return kernel if kernel.seconds < steered.seconds else steered
+
+
+def time_plan(lean: LoadPlan) -> AlonePass:
+    """The target's passes of 1 … a free round's nodes, loaded as `lean` plans. Timed here, before
+    anything else is loaded, as the profile times passes: the plan the load would run, where a child
+    process (the streaming profile's) would have less room, its own interpreter beside this one's
+    (measured under 1.2 GB: 16 layers kept and 0.25 s per pass there; 19 and 0.18–0.21 s in this
+    process at other minutes)."""
     memory = lean.memory
     largest = MAX_LOOKUP_BUDGET + 1 if memory is None else min(memory.sizes.max_tree, MAX_LOOKUP_BUDGET + 1)
     target = lean.open_target()
@@ -201,4 +240,5 @@ def time_alone(lean: LoadPlan) -> AlonePass:
         return_freed_memory()
     in_ram = memory is None or memory.target_in_ram
     return AlonePass(timing.seconds(1), 0 if memory is None else memory.bytes_read_per_pass,
-                     0 if memory is None else memory.kept_layer_count, in_ram, timing.busy, curve=timing.curve.to_dict())
+                     0 if memory is None else memory.kept_layer_count, in_ram, timing.busy, curve=timing.curve.to_dict(),
+                     steered=memory is None or memory.steered)

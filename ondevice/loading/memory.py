@@ -40,7 +40,7 @@ catalog's shape preset, without loading anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -197,6 +197,7 @@ class MemoryPlan:
     target_in_ram: bool
     notes: list[str] = field(default_factory=list)
     ahead: int = 0  # a streaming target's page cache is steered with this many layers in flight (0: not)
+    steered: bool = True  # False: the file mapped and left to the kernel's page cache (`unsteered`)
 
     @property
     def resident_bytes(self) -> int:
@@ -236,10 +237,18 @@ class MemoryPlan:
     def placement(self) -> str:
         return "ram" if self.target_in_ram else "disk"
 
+    def unsteered(self) -> "MemoryPlan":
+        """The same plan with the file mapped and the page cache left to the kernel, as llama.cpp
+        itself leaves it: no window, no layers kept by hand. Where the target nearly fits, the kernel
+        keeps about the room's layers cached without the window's own room and reads; where it does
+        not, it evicts each page before it is read again (loading/drafter_room.py times both)."""
+        return replace(self, steered=False)
+
     def llama_target_sizes(self) -> dict:
         """The llama.cpp target's keyword arguments this plan sets (targets/loader.py opens it)."""
+        window = self.ahead if self.steered else 0
         return {"max_tree_nodes": self.sizes.max_tree, "n_ubatch": self.sizes.target_ubatch, "streams": self.streams,
-                "window": self.ahead, "kv_type": self.kv_type, "kept_layers": self.kept_layers(self.ahead)}
+                "window": window, "kv_type": self.kv_type, "kept_layers": self.kept_layers(window) if window else ()}
 
     def llama_drafter_sizes(self) -> dict:
         """The llama.cpp drafter's keyword arguments this plan sets: buffers sized, weights resident
@@ -293,6 +302,8 @@ class MemoryPlan:
             counted = f"{layers} of {self.target.n_layers} layers" if layers else ""
             head = "LM head" + (" and " if counted else "") if OUTPUT_LAYER in kept else ""
             where += f", its {head}{counted} kept in RAM"
+        if self.streams and not self.steered:
+            where += " (the file mapped, left to the page cache)"
         text = (
             f"{where}: {format_bytes(self.target.file_bytes)} target, RAM {self.budget.describe()} holds "
             f"drafter {format_bytes(self.drafter_bytes)}, buffers {format_bytes(sum(self.buffers.values()))} "
@@ -307,7 +318,7 @@ class MemoryPlan:
             "process_bytes": self.process_bytes, "buffers": dict(self.buffers), "ram_budget": self.budget.bytes,
             "ram_source": self.budget.source, "max_tree": self.sizes.max_tree, "n_ctx": self.sizes.n_ctx, "kv_type": self.kv_type,
             "predicted_bytes_read_per_pass": self.bytes_read_per_pass, "kept_layers": self.kept_layer_count,
-            "head_kept": OUTPUT_LAYER in kept,
+            "head_kept": OUTPUT_LAYER in kept, "page_cache": "steered" if self.steered else "kernel",
             "summary": self.describe(),
         }
 

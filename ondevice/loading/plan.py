@@ -43,6 +43,10 @@ class LoadPlan:
     def streams(self) -> bool:
         return self.memory is not None and self.memory.streams
 
+    def unsteered(self) -> LoadPlan:
+        """This plan with a streaming target's file left to the page cache (MemoryPlan.unsteered)."""
+        return replace(self, memory=self.memory.unsteered()) if self.streams else self
+
     def open_target(self, backend: str | None = None):
         """The target as planned, or on another `backend` (llama.cpp's defaults, not the plan's)."""
         opts, memory = self.options, self.memory if backend is None else None
