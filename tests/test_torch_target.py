@@ -19,6 +19,8 @@ from ondevice.eval.numerics import (
     logits_as_chain,
     logits_one_by_one,
     measure_batch_noise,
+    OneTokenRows,
+    pass_noise,
     top2_margin,
 )
 from ondevice.decode.reference import greedy_reference
@@ -274,6 +276,23 @@ def test_batch_noise_by_size_against_one_token_passes(tiny):
     assert target.n_cached == 10
     assert by_size[1]["max_logit_delta"] == 0  # the very same passes again: deterministic
     assert all(by_size[n]["n_tokens"] == 20 and by_size[n]["max_logit_delta"] < 1e-3 for n in (3, 20))
+
+
+def test_the_target_alones_one_token_rows_are_the_noise_measurements_own(tiny):
+    """Decoding through OneTokenRows yields the greedy reference, and pass_noise given its rows
+    measures what it measures when it feeds the tokens one at a time itself."""
+    target = fp32_target(tiny["qwen2"][0])
+    prompt = random_tokens(8, 20)
+    alone = greedy_reference(target, prompt, 16)
+    rows = OneTokenRows(target, keep=9)
+    assert greedy_reference(rows, prompt, 16) == alone and len(rows.rows) == 9
+    target.truncate(0)
+    target.prefill(prompt[:-1])
+    assert np.array_equal(np.stack(rows.rows), logits_one_by_one(target, [prompt[-1]] + alone[:8]))
+    sizes = [2, 5]
+    assert pass_noise(target, prompt, alone[:8], sizes, np.stack(rows.rows)) == pass_noise(target, prompt, alone[:8], sizes)
+    with pytest.raises(ValueError, match="9 one-token rows for 8 tokens"):
+        pass_noise(target, prompt, alone[:7], sizes, np.stack(rows.rows))
 
 
 def test_greedy_misses_tells_near_ties_from_misses(tiny):

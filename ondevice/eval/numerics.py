@@ -73,12 +73,18 @@ def measure_batch_noise(target: Target, tokens: Sequence[int]) -> dict:
     return batch_noise_by_size(target, tokens, [len(tokens)])[len(tokens)]
 
 
-def batch_noise_by_size(target: Target, tokens: Sequence[int], sizes: Sequence[int]) -> dict[int, dict]:
+def batch_noise_by_size(
+    target: Target, tokens: Sequence[int], sizes: Sequence[int], single: np.ndarray | None = None
+) -> dict[int, dict]:
     """For each pass size n: `tokens` fed as consecutive chains of n (the last one shorter) against
     the same tokens one at a time. Same cache contract as `measure_batch_noise`; n = 1 measures
-    run-to-run determinism (max_logit_delta 0 unless the backend is not deterministic)."""
+    run-to-run determinism (max_logit_delta 0 unless the backend is not deterministic). single: the
+    one-at-a-time logits of `tokens`, (len(tokens), vocab), when already at hand (`OneTokenRows`)."""
     start = target.n_cached
-    single = logits_one_by_one(target, tokens)
+    if single is None:
+        single = logits_one_by_one(target, tokens)
+    elif len(single) != len(tokens):
+        raise ValueError(f"{len(single)} one-token rows for {len(tokens)} tokens")
     result = {}
     for n in sizes:
         target.truncate(start)
@@ -88,14 +94,37 @@ def batch_noise_by_size(target: Target, tokens: Sequence[int], sizes: Sequence[i
     return result
 
 
-def pass_noise(target: Target, prompt: Sequence[int], continuation: Sequence[int], sizes: Sequence[int]) -> float:
+def pass_noise(
+    target: Target, prompt: Sequence[int], continuation: Sequence[int], sizes: Sequence[int], single: np.ndarray | None = None
+) -> float:
     """The batch noise that threatens passes of `sizes` tokens, measured on this machine: the largest
     top-2 gap change (max_gap_delta) when prompt[-1] + continuation is fed as chains of each size
-    instead of one at a time, after prompt[:-1]. The cache is left holding prompt[:-1]."""
+    instead of one at a time, after prompt[:-1]. The cache is left holding prompt[:-1]. single: the
+    one-at-a-time logits, if the target alone's answer already computed them (`OneTokenRows`: its
+    first len(continuation) + 1 passes are exactly these)."""
     target.truncate(0)
     target.prefill(prompt[:-1])
-    by_size = batch_noise_by_size(target, [prompt[-1]] + list(continuation), sizes)
+    by_size = batch_noise_by_size(target, [prompt[-1]] + list(continuation), sizes, single)
     return max(stats["max_gap_delta"] for stats in by_size.values())
+
+
+class OneTokenRows:
+    """A target that keeps the logits of its first `keep` one-token passes, in order (the rest of
+    the Target protocol is the wrapped target's). Decoding the target alone through it (greedy, one
+    token per pass, from an empty cache) yields the reference answer and, at no extra pass, the
+    one-at-a-time logits that `pass_noise` compares chains with."""
+
+    def __init__(self, inner: Target, keep: int):
+        self.inner, self.keep, self.rows = inner, keep, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward_tree(self, tree: DraftTree) -> np.ndarray:
+        logits = self.inner.forward_tree(tree)
+        if len(tree) == 1 and len(self.rows) < self.keep:
+            self.rows.append(np.array(logits[0], copy=True))
+        return logits
 
 
 def greedy_misses(target: Target, prompt: Sequence[int], out: Sequence[int], noise: float) -> tuple[list[int], list[int]]:
