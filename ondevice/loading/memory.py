@@ -292,18 +292,20 @@ class MemoryPlan:
         return sum(b for i, b in enumerate(sizes) if i not in kept) + head
 
     def describe(self) -> str:
-        where = (
-            "target in RAM" if self.target_in_ram
-            else f"target streams from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)"
-        )
+        if self.target_in_ram:
+            where = "target in RAM"
+        elif self.steered:
+            where = f"target streams from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)"
+        else:  # what the kernel keeps cached is its own: the room is the steered plan's
+            where = "target streams from disk, the file mapped and left to the page cache (room for"
         kept = self.kept_layers(self.ahead) if self.ahead else ()
         layers = len([k for k in kept if k != OUTPUT_LAYER])
         if kept:
             counted = f"{layers} of {self.target.n_layers} layers" if layers else ""
             head = "LM head" + (" and " if counted else "") if OUTPUT_LAYER in kept else ""
-            where += f", its {head}{counted} kept in RAM"
-        if self.streams and not self.steered:
-            where += " (the file mapped, left to the page cache)"
+            where += f", its {head}{counted} kept in RAM" if self.steered else f" about its {head}{counted})"
+        elif self.streams and not self.steered:
+            where += " none of its layers)"
         text = (
             f"{where}: {format_bytes(self.target.file_bytes)} target, RAM {self.budget.describe()} holds "
             f"drafter {format_bytes(self.drafter_bytes)}, buffers {format_bytes(sum(self.buffers.values()))} "
