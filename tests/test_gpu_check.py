@@ -61,7 +61,6 @@ def test_a_streamed_target_measured_positive_and_consistent_numbers(report, name
     seconds = step["seconds"]
     assert all(t > 0 for t in seconds)
     assert all(seconds[i] <= NOISE * seconds[j] + 0.005 for i in range(len(seconds)) for j in range(i + 1, len(seconds)))
-    assert seconds[-1] > seconds[0]  # 64 tokens cost more than 1
     sizes = layer_bytes(shape)  # the streamed layers' bytes, as the quant mix sizes them
     n = step["layers_streamed"]
     assert 0 < n < shape.n_layers and step["layers_on_device"] == shape.n_layers - n
