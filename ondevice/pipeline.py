@@ -71,7 +71,7 @@ class Pipeline:
         """After an answer: a drafter kept (on a prediction, or on what earlier sessions measured) that
         the planner now measures slower than the target alone without it is left out, as the next load
         would leave it out: the models are loaded again, its RAM given to the target's layers. (What
-        was measured on code says little of chat: best-first's rate there fell from 8.1 to ~5 tok/s.)"""
+        was measured on code says little of chat, where drafts are accepted less often.)"""
         choice = self.drafter_choice
         if choice is None or not choice.keep or self.planner is None or self.reload is None:
             return

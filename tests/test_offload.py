@@ -21,6 +21,7 @@ from torch import nn
 
 from offload_toys import run_stack, toy_names, toy_stack, toy_stack_from_gguf, write_toy_gguf
 from ondevice.errors import OndeviceError
+from ondevice.files.architecture import GGUF_NAMES, gguf_model_args
 from ondevice.offload.build import gguf_layouts, gguf_names_from_table, offload_blocks, param_layouts, plan_for
 from ondevice.offload.placement import Placement
 from ondevice.quant import groupwise
@@ -209,7 +210,7 @@ def test_gguf_layouts_hold_the_files_blocks(toy_gguf):
 # --- the PyTorch target's own blocks (torch_model.py) ------------------------------------------
 
 
-GGUF_NAMES = gguf_names_from_table(weights.GGUF_NAMES)
+LAYER_GGUF_NAMES = gguf_names_from_table(GGUF_NAMES)
 
 
 def streamed_target(path, dtype, from_ram, from_disk) -> TorchTarget:
@@ -220,7 +221,7 @@ def streamed_target(path, dtype, from_ram, from_disk) -> TorchTarget:
         if args.arch == "llama"
         else None
     )
-    layouts = gguf_layouts(model.layers, str(path), GGUF_NAMES, unpermute)
+    layouts = gguf_layouts(model.layers, str(path), LAYER_GGUF_NAMES, unpermute)
     placement = fixed_placement(layouts, (), from_ram, from_disk)
     target = TorchTarget(model, n_ctx=64)
     target.streamer = offload_blocks(model.layers, placement, "cpu", layouts, model_path=str(path))
@@ -249,21 +250,21 @@ def test_real_layers_streamed_as_gguf_blocks_equal_resident(real_pair):
     """Two real Qwen2.5-1.5B layers (Q4_K / Q6_K): streamed as blocks == loaded by gguf's numpy."""
     real_1_5b = real_pair.target
     reader = gguf.GGUFReader(real_1_5b)
-    args = dataclasses.replace(weights.gguf_model_args(reader), n_layers=2)
+    args = dataclasses.replace(gguf_model_args(reader), n_layers=2)
     with torch.device("meta"):
         blocks = nn.ModuleList(TransformerBlock(args) for _ in range(2))
     tensors = {t.name: t for t in reader.tensors}
     state = {}
     for i, block in enumerate(blocks):
         params = dict(block.named_parameters())
-        for param, name in GGUF_NAMES(i).items():
+        for param, name in LAYER_GGUF_NAMES(i).items():
             if param not in params:
                 continue
             w = gguf.quants.dequantize(tensors[name].data, tensors[name].tensor_type)
             state[f"{i}.{param}"] = torch.from_numpy(np.require(w, np.float32, ["C", "W"])).to(torch.bfloat16)
     blocks.load_state_dict(state, assign=True)
     reference = copy.deepcopy(blocks)
-    layouts = gguf_layouts(blocks, str(real_1_5b), GGUF_NAMES)
+    layouts = gguf_layouts(blocks, str(real_1_5b), LAYER_GGUF_NAMES)
     placement = fixed_placement(layouts, (), (0,), (1,))
     streamer = offload_blocks(blocks, placement, "cpu", layouts, model_path=str(real_1_5b))
     for stack in (blocks, reference):

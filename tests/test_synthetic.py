@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from ondevice.errors import OndeviceError
+from ondevice.files.architecture import SUPPORTED_ARCHS
 from ondevice.loading.options import LoadOptions
 from ondevice.catalog import hub
 from ondevice.synthetic.blocks import generator, pack_k_scales, random_blocks
@@ -150,7 +151,7 @@ def test_tiny_synthetic_gguf_runs_in_llama_cpp_and_torch_alike(tmp_path, arch, t
     tokens = random_tokens(40, seed=6)
     ref = llama_cpp_logits(path, tokens)[10:]
     assert np.isfinite(ref).all() and ref.std() > 1.0  # random, not degenerate
-    if arch not in weights.SUPPORTED_ARCHS:
+    if arch not in SUPPORTED_ARCHS:
         pytest.skip(f"the torch target does not read {arch} yet")
     target = TorchTarget.from_gguf(path, dtype=torch.float32, n_ctx=64)
     target.prefill(tokens[:10])

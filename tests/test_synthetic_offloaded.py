@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ondevice.errors import OndeviceError
+from ondevice.files.architecture import gguf_model_args
 from ondevice.targets.offloaded import load_offloaded_target, plan_offload
 from ondevice.synthetic.offloaded import model_args, offloaded_target
 from ondevice.synthetic.shapes import ModelShape
@@ -37,7 +38,7 @@ def budget_for_two_layers(path) -> str:
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.arch)
 def test_the_built_target_is_the_written_file(tmp_path, shape):
     path = write_synthetic_gguf(shape, tmp_path / "model.gguf", seed=3, show=False)
-    assert model_args(shape) == weights.gguf_model_args(weights.open_gguf(path))
+    assert model_args(shape) == gguf_model_args(weights.open_gguf(path))
     budget = budget_for_two_layers(path)
     reference = load_offloaded_target(path, "cpu", gpu_memory=budget, ram_memory="1GB", n_ctx=128, max_tree=16)
     built = offloaded_target(shape, "cpu", gpu_memory=budget, ram_memory="1GB", n_ctx=128, max_tree=16, seed=3, exact=True)

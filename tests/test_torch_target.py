@@ -25,7 +25,7 @@ from ondevice.eval.numerics import (
 )
 from ondevice.decode.reference import greedy_reference
 from ondevice.targets import torch_target, weights
-from ondevice.targets.torch_model import ModelArgs
+from ondevice.files.architecture import ModelArgs
 from ondevice.targets.torch_target import TorchTarget
 from ondevice.decode.tree import DraftTree
 from tiny_models import write_tiny_gguf, write_tiny_hf

@@ -2,10 +2,8 @@
 
 Under a memory limit the drafter's weights and buffers (~300 MB for the default pair) take room the
 target's layers would otherwise keep in the page cache. Without the drafter a streamed pass reads
-less (1.2 GB cgroup, default pair: 24 of 28 layers kept and 111–117 MB read per pass, its buffers
-sized for the free drafters' trees of a few nodes; 8 layers and 563 MB with the drafter), so one
-token per pass can beat several per dearer pass: heldout11 under 1.2 GB ran at 14.2–16.5 tok/s
-without the drafter against 4.9–10.5 with it (README, "The drafter or more kept layers").
+less (its buffers sized for the free drafters' trees of a few nodes), so one token per pass can beat
+several per dearer pass (docs/measurements/2026-11-27-drafter-or-layers.md).
 
 So where the target streams with the drafter, the load compares two rates, measured where it can:
 
@@ -22,16 +20,11 @@ So where the target streams with the drafter, the load compares two rates, measu
                          what the drafter-less planner sizes its free rounds on)
 
 and loads the drafter only where it is faster. Where its side is only predicted, a prediction faster
-by UNSURE (the planner's distrust of a prediction, plan/arms.py: on this pair's first loads under
-1.2 GB the cost model predicted 11.06 tok/s with the drafter, and the planner then measured 5.2–9.8)
-keeps it; one faster by less loads it to be measured (`explore`): its answers fill the book of the
-regime with the drafter, and from then on what they measured decides. Without that a prediction
-short of UNSURE was never put to the test: under 0.9 GB the cost model predicted 6.5 tok/s with
-the drafter against 3.6 timed without, so the drafter was left out, and with it the answers then
-measured 6.3 tok/s (best-first @8) against 3.6 without.
+by UNSURE (the planner's distrust of a prediction, plan/arms.py) keeps it; one faster by less loads it to be measured (`explore`): its answers fill the book of the
+regime with the drafter, and from then on what they measured decides (without that, a prediction
+short of UNSURE is never put to the test).
 Free drafts stay on either way: they need no RAM.
-The timed pass is one moment of a disk whose speed drifts (0.11–0.21 s for the same pass within
-minutes here), so where the drafter is kept by less than UNSURE (the planner's trust in a
+The timed pass is one moment of a disk whose speed drifts, so where the drafter is kept by less than UNSURE (the planner's trust in a
 prediction, plan/arms.py) the next load times it again and the mean decides (`AlonePass.folded`).
 `--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
 

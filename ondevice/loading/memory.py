@@ -212,13 +212,9 @@ class MemoryPlan:
     @property
     def decode_slack(self) -> int:
         """Room the kept layers leave for what decoding adds past the plan: DECODE_COPIES copies of
-        the largest tree's logits (Python's own copy, verification's). Measured in a 1.2 GB cgroup
-        with the default pair (max_tree 64: 78 MB here): anonymous memory grew 12 MB past the plan
-        after 5-node trees, 43 MB after 16-node ones, taken from the kept layers, which then faulted
-        back a page at a time during compute. With 64 MB more room left by hand before this rule
-        (alternating runs, 2 each, tuned code): best-first @15 8.20 / 8.65 tok/s against 6.68 / 7.97
-        without; @4 6.50 / 7.15 against 6.77 / 7.30; the target alone reads 90 MB more per pass
-        (~15% slower), which auto rarely runs."""
+        the largest tree's logits (Python's own copy, verification's): without it that memory is
+        taken from the kept layers, which then fault back a page at a time during compute
+        (docs/measurements/code-notes.md, "Decode slack")."""
         return DECODE_COPIES * self.sizes.max_tree * self.target.n_vocab * F32 if self.streams else 0
 
     @property

@@ -55,9 +55,8 @@ def streaming_profile(plan: LoadPlan, drafters=CPU_BACKENDS, compare: bool = Fal
     layers the plan keeps cached (README, "Larger than memory", item 5). A child's memory goes when
     it exits. The child times the target as this load will run it (the same memory plan: its trees'
     sizes, its kept layers) where it can: it holds one model at a time, and while it times the target
-    the drafter's room holds its own interpreter. Planned again within what is left, a child under
-    0.9 GB gave up tree size for the LM head and timed passes of up to 8 tokens, and the planner
-    could then price no tree larger than 7 nodes where trees of 15 ran 1.3x faster."""
+    the drafter's room holds its own interpreter (planned again within what is left, it would give
+    up tree size and time too few pass sizes for the planner's trees)."""
     facts, backends = machine_facts(home()), profile_backends(plan, drafters=drafters)
     found = load_profile(facts, backends)
     measured = child_plan(plan)

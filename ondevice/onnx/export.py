@@ -49,8 +49,8 @@ from ondevice.onnx.nbits import (
 from ondevice.onnx.session import fallback_error, kernel_ratios
 from ondevice.paths import write_json
 from ondevice.quant.gguf_blocks import FLOAT_TYPES
+from ondevice.files.architecture import GGUF_NAMES, ModelArgs, gguf_model_args, rename
 from ondevice.targets import weights as W
-from ondevice.targets.torch_model import ModelArgs
 
 ACCURACY_FP32 = 0  # float32 activations: slower, for checking the weight mapping
 ALIGN = 4096  # external tensors start on page boundaries (ORT can map them)
@@ -86,7 +86,7 @@ def ensure_export(
         missing = missing_files(saved, (body, head, trimmed))
         if missing:
             reader = W.open_gguf(gguf_path)
-            args = W.gguf_model_args(reader)
+            args = gguf_model_args(reader)
             source = GGUFWeights(reader, args, int4_block)
             if body in missing:
                 _build_body(source, args, body, accuracy_level, show, gguf_path.name)
@@ -131,7 +131,7 @@ class GGUFWeights:
         self.args, self.int4_block = args, int4_block
         self.tensors = {}
         for tensor in reader.tensors:
-            name = W._rename(tensor.name, W.GGUF_NAMES)
+            name = rename(tensor.name, GGUF_NAMES)
             if name is not None:
                 self.tensors[name] = tensor
         if "output.weight" not in self.tensors:  # tied head: the embedding matrix

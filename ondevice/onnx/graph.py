@@ -1,5 +1,6 @@
 """The decoder as ONNX graphs: a body (input embeddings → final-normed hidden states, KV cache in
-place) and a head (hidden states → logits), the same computation as `targets/torch_model.py`.
+place) and a head (hidden states → logits), the same computation as `targets/torch_model.py`, built
+from the same description (`files/architecture.ModelArgs`, tensors named as `GGUF_NAMES` names them).
 
 Body inputs (T new tokens, S = slots attended = cache slots before them + T):
   embeds (1, T, C) float32            the tokens' input embeddings (looked up on the host)
@@ -13,9 +14,9 @@ Body inputs (T new tokens, S = slots attended = cache slots before them + T):
 Outputs: hidden (1, T, C); present_key_i, present_value_i.
 
 GroupQueryAttention adds its own causal mask over the new tokens, which a tree mask always lies
-within (parents come before their children). Llama's GGUF stores q/k rows permuted so that RoPE
-pairs are adjacent: we keep that layout and rotate interleaved pairs (q·k is unchanged); Qwen
-rotates halves. Linear layers: `nbits.py` (MatMulNBits plus the K-quant block-sum correction).
+within (parents come before their children). Where the GGUF stores q/k rows permuted so that RoPE
+pairs are adjacent (`ModelArgs.gguf_qk_pairs_adjacent`: Llama), we keep that layout and rotate
+interleaved pairs (q·k is unchanged); otherwise halves. Linear layers: `nbits.py` (MatMulNBits plus the K-quant block-sum correction).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from ondevice.onnx.nbits import CORRECTION_GROUP, NBitsWeight, stack_rows
-from ondevice.targets.torch_model import ModelArgs
+from ondevice.files.architecture import ModelArgs
 
 OPSETS = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
 MS = "com.microsoft"
@@ -144,7 +145,7 @@ def body_graph(g: GraphBuilder, args: ModelArgs, weights: WeightSource, on_layer
 def decoder_layer(g: GraphBuilder, args: ModelArgs, weights: WeightSource, x: str, i: int) -> str:
     """Layer i on x (1, T, C): attention over its cache (past/present_*_i), then the SwiGLU MLP."""
     hd, nh, nkv, eps, p = args.head_dim, args.n_heads, args.n_kv_heads, args.norm_eps, f"layers.{i}."
-    interleaved = int(args.arch == "llama")  # GGUF keeps Llama's q/k rows in RoPE-pair order
+    interleaved = int(args.gguf_qk_pairs_adjacent)
     h = g.rms_norm(x, weights.vector(p + "attention_norm.weight"), eps, p + "attention_norm.weight")
     projections = ("wq", "wk", "wv")
     biases = [weights.vector(p + f"attention.{w}.bias") for w in projections] if args.qkv_bias else None

@@ -20,8 +20,7 @@ arm nobody can price (no profile yet) is known only once measured. Measured seco
 arm costs now: all sums fade by DECAY per emitted token (acceptance follows the text, the
 machine's load changes), and a saved book is loaded at half weight. (Measuring arms as ratios to their
 predictions instead double-counts whatever the predictions learn from the same rounds — the
-pass times, the free drafters' acceptance: on held-out prose suffix drafting was estimated at
-27.7 tok/s and measured 23.8.)
+pass times, the free drafters' acceptance: docs/measurements/code-notes.md, "Arms as ratios".)
 
 **Policy: exploit, with a bounded audit.** Each round runs the *incumbent*, the arm with the lowest
 spt. A *runner-up* is audited for AUDIT_ROUNDS rounds when

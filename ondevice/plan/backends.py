@@ -4,8 +4,8 @@ chosen as the tree is, by predicted speed on this machine's measured curves.
 For every pair of backends the profile has measured (a target pass curve × a drafter call curve),
 the cost model's best plan — a draft tree, or the target alone where drafting does not pay —
 predicts tokens per second; the fastest pair wins if it beats the default pair (llama.cpp for
-both on a CPU) by MARGIN, the noise of a profile on a shared machine (a target's one-token pass
-measured 31–38 ms in runs an hour apart here). Only measured backends compete: nothing is chosen
+both on a CPU) by MARGIN, the noise of a profile on a shared machine (docs/measurements/code-notes.md,
+"Profile noise"). Only measured backends compete: nothing is chosen
 on faith, so where ONNX Runtime measured slower than llama.cpp it is not picked there.
 """
 

@@ -11,8 +11,8 @@ with n = budget + 1 tree nodes (the root too), E from Sequoia's DP (sequoia.py) 
 and t_draft = Σ over levels of the drafter's call latency at that level's batch (one call per level:
 level-by-level expansion; a chain is `budget` calls of batch 1), plus the first call's catch-up: the
 accepted path's last drafted token was proposed but never decoded, so when the path ends there (p
-of the top-1 path) that call decodes 2 tokens, not 1 (measured: chain @1 cost 34 ms of drafting per
-round where one call costs 17). Overlap is possible where the
+of the top-1 path) that call decodes 2 tokens, not 1 (docs/measurements/code-notes.md, "The
+drafter's catch-up"). Overlap is possible where the
 drafter does not take the target's cores: a GPU target, or a CPU with cores to spare for both
 (`overlap_possible`). On a CPU whose cores the target's threads already use, even a target that
 waits on the disk leaves none free: llama.cpp's threads spin while one of them waits for a page

@@ -2,8 +2,8 @@
 
 Timed as `ondevice.plan.timing` times any call (interleaved sweeps judged by what other processes
 did, disturbed sizes sampled again). Pass sizes beyond the point where no draft tree could pay
-are skipped (`worth_timing`): on a 2-core CPU a 64-token pass costs ~25 single-token passes, and
-timing 128- and 256-token passes there took most of a profile's minutes.
+are skipped (`worth_timing`): on a few cores they cost many single-token passes each and would
+take most of a profile's minutes (docs/measurements/code-notes.md, "Pass sizes worth timing").
 """
 
 from __future__ import annotations

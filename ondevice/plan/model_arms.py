@@ -23,18 +23,13 @@ So:
    and what it achieves is then measured (its gain; plan/arms.py times it). The hybrid tree (free
    proposals grown into the same search) is priced TIE below the best-first tree it extends: it is
    audited and wins where it measures faster, but a tie does not make it the incumbent (on chat its
-   free nodes were accepted 0 times in 145 and it drafts more: tuned chat under 1.2 GB, auto, hybrid@4
-   on 16 of its 30 rounds, ran 5.76 tok/s where best-first @4 ran 7.04);
+   free nodes are seldom accepted and it drafts more: docs/measurements/code-notes.md, "The hybrid
+   as an arm");
 3. the hybrid is an arm only where the free drafters have shown text they match: the share of
    emitted tokens that rounds with a lookup or suffix match produced (fallback.LookupTracker,
    replayed over every answer for free) above HYBRID_SHARE. Where it is not, its free nodes only
-   displace the drafter's: at the same budget, best-first's tokens per pass against the hybrid's,
-   code / chat, 1.2 GB, 2 x 48 tokens: 3.84 / 3.20 vs 3.20 / 3.10, and in RAM (4 x 64, @4 and @8)
-   3.71 / 3.16 and 5.69 / 3.94 vs 3.66 / 3.05 and 5.22 / 3.71; even free nodes added on top of the
-   best-first tree (not in its budget) added 1-3%. Replayed shares after two answers (fresh record,
-   RAM): edit 0.53 / 0.60 (lookup / suffix), agent 0.43 / 0.51, code 0.22 / 0.21, chat 0.10 / 0.11;
-   where the hybrid was measured faster, edits and agent turns (README, free drafts), the share is
-   high.
+   displace the drafter's (docs/measurements/code-notes.md, "The hybrid as an arm": the shares
+   and tokens per pass measured).
 """
 
 from __future__ import annotations

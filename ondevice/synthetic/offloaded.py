@@ -29,12 +29,13 @@ from ondevice.offload.layout import GGUFTensorInfo, LayerLayout, move_buffers, u
 from ondevice.offload.streamer import LayerStreamer, StreamedLayer
 from ondevice.targets.offloaded import LAYER_NAMES, assign_resident, meta_layouts, place_layers
 from ondevice.decode.protocols import MAX_BUDGET
+from ondevice.files.architecture import ModelArgs, llama3_rope_factors
 from ondevice.quant import gguf_blocks
 from ondevice.synthetic.quant_mix import TensorSpec, preset_tensors
 from ondevice.synthetic.shapes import LLAMA3_ROPE, ModelShape
 from ondevice.synthetic.writer import tensor_chunks
 from ondevice.targets import weights
-from ondevice.targets.torch_model import ModelArgs, rope_inv_freq
+from ondevice.targets.torch_model import rope_inv_freq
 from ondevice.targets.torch_target import TorchTarget, default_dtype
 
 ALIGNMENT = 32  # GGUF's default tensor alignment: where the writer puts each tensor
@@ -51,11 +52,11 @@ def virtual_index(tensors: list[TensorSpec]) -> dict[str, GGUFTensorInfo]:
 
 
 def model_args(shape: ModelShape) -> ModelArgs:
-    """The torch model's hyper-parameters for a shape: what `weights.gguf_model_args` reads from the
+    """The torch model's hyper-parameters for a shape: what `architecture.gguf_model_args` reads from the
     header of a file of that shape (which stores them as float32)."""
     factors = None
     if shape.rope_factor is not None:
-        factors = weights.llama3_rope_factors(shape.head_dim, shape.rope_theta, {**LLAMA3_ROPE, "factor": shape.rope_factor})
+        factors = llama3_rope_factors(shape.head_dim, shape.rope_theta, {**LLAMA3_ROPE, "factor": shape.rope_factor})
         factors = tuple(float(f) for f in np.asarray(factors, dtype=np.float32))
     return ModelArgs(
         arch=shape.arch, vocab_size=shape.vocab, dim=shape.dim, n_layers=shape.n_layers, n_heads=shape.n_heads,

@@ -24,6 +24,7 @@ from ondevice.catalog.models_folder import check_free_space
 from ondevice.synthetic.quant_mix import QUANTS, TensorSpec, file_bytes, preset_tensors
 from ondevice.synthetic.shapes import LLAMA3_ROPE, ModelShape
 from ondevice.synthetic.vocab import synthetic_vocab
+from ondevice.files.architecture import llama3_rope_factors
 
 CHUNK_BYTES = 64 << 20
 HEADER_ROOM = 64 << 20  # the header (vocabulary); check_free_space adds its own margin
@@ -71,8 +72,6 @@ def write_synthetic_gguf(
 def tensor_chunks(shape: ModelShape, t: TensorSpec, seed: int, index: int):
     """The tensor's bytes, a run of whole rows at a time; chunk k comes from generator(seed, index, k)."""
     if t.name == "rope_freqs.weight":
-        from ondevice.targets.weights import llama3_rope_factors  # lazy: target.weights imports torch; only Llama 3 shapes need it
-
         rope = {**LLAMA3_ROPE, "factor": shape.rope_factor}
         yield np.asarray(llama3_rope_factors(shape.head_dim, shape.rope_theta, rope), dtype=np.float32).view(np.uint8)
         return

@@ -7,12 +7,12 @@ kept in RAM:
 
 - `slots`: a memfd of `ahead` + 1 slots, each the size of the largest streamed layer. Its pages are
   allocated once and reused: freeing and faulting fresh pages for every layer cost as much as the
-  page cache did (a streamed 9-token pass 0.51 s with fresh pages, 0.34 s reusing them);
+  page cache did (docs/measurements/code-notes.md, "Direct-read slots");
 - each streamed layer has a slot of its own place (its index among the streamed layers, modulo the
   slots), mapped once over the pages only that layer's tensors occupy (mmap MAP_FIXED; pages a layer
   shares with a neighbour stay mapped from the file): the mappings and their page tables stay, so a
-  read fills them without a fault (remapped before every read, a pass of the default pair took
-  137,510 minor faults and ~150 ms of system time on 2 cores, and its compute slowed beside them);
+  read fills them without a fault (remapped before every read, the faults cost system time and
+  slowed the compute beside them);
 - a reader thread reads the next streamed layers (in the order llama.cpp computes them, round and
   round) into their slots with O_DIRECT, READERS reads of CHUNK bytes at a time, each as soon as its
   slot is free: once llama.cpp has finished the layer before it there. The layers sharing a slot
@@ -24,7 +24,7 @@ kept in RAM:
 Kept layers are read once into the page cache and stay there, MADV_NORMAL: the kernel may take some
 back near the memory limit (memory of our own it could not: read into a second memfd, the kept
 layers got a 1.2 GB cgroup's bench OOM-killed), and they then come back in reads around the fault
-(under MADV_RANDOM a page per fault: 607,110 major faults in one bench run; under MADV_SEQUENTIAL
+(under MADV_RANDOM a page per fault; under MADV_SEQUENTIAL
 their use does not count as a reference and they were reclaimed first). The rest of the mapping (pages
 a layer shares with a neighbour, the input embeddings) is MADV_RANDOM: a fault reads its page only.
 A read that fails maps every streamed layer from the file again (the page cache serves them, as
@@ -263,8 +263,7 @@ class DirectWindow:
 
     def _map_slot(self, layer) -> None:
         """Map the layer's pages over its slot, once: the mapping and its page tables then stay, and
-        every later read of the layer fills them without a fault (remapped for every read, a pass took
-        137,510 minor faults and ~150 ms of system time here)."""
+        every later read of the layer fills them without a fault."""
         at = self._slot(self.streamed.index(layer)) * self.slot_bytes
         for span in self.own[layer]:
             self._map_over(span, self.memfd, at)

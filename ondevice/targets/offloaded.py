@@ -28,10 +28,11 @@ from ondevice.offload.encoded import decodes_fast
 from ondevice.offload.layout import LayerLayout, gguf_tensor_index, layout_from_gguf
 from ondevice.offload.placement import Placement
 from ondevice.targets import weights
-from ondevice.targets.torch_model import ModelArgs, Transformer, rope_inv_freq
+from ondevice.files.architecture import GGUF_NAMES, ModelArgs, gguf_model_args
+from ondevice.targets.torch_model import Transformer, rope_inv_freq
 from ondevice.targets.torch_target import PREFILL_CHUNK, TorchTarget, default_dtype, set_threads
 
-LAYER_NAMES = gguf_names_from_table(weights.GGUF_NAMES)  # block i's parameter → its GGUF tensor
+LAYER_NAMES = gguf_names_from_table(GGUF_NAMES)  # block i's parameter → its GGUF tensor
 
 
 @dataclass
@@ -102,7 +103,7 @@ def plan_offload(
     """Where each layer goes, from the file's metadata alone (nothing is dequantized)."""
     path = Path(path).expanduser()
     reader = weights.open_gguf(path)
-    args, _ = weights.untie_for_head_dtype(weights.gguf_model_args(reader), dtype, head_dtype)
+    args, _ = weights.untie_for_head_dtype(gguf_model_args(reader), dtype, head_dtype)
     try:
         model, layouts = meta_layouts(args, dtype, head_dtype, gguf_tensor_index(reader))
     except ValueError as err:  # a tensor missing or of the wrong shape
@@ -118,7 +119,7 @@ def meta_layouts(args: ModelArgs, dtype, head_dtype, index) -> tuple[Transformer
         model = Transformer(args).to(dtype)
     if model.output is not None:
         model.output.to(head_dtype)
-    unpermute = _llama_unpermute(args)
+    unpermute = args.gguf_permuted_rows()
     return model, {i: layout_from_gguf(block, LAYER_NAMES(i), index, unpermute) for i, block in enumerate(model.layers)}
 
 
@@ -151,14 +152,6 @@ def cpu_budgets(layouts, ram: int, disk_buffers: int = 2) -> tuple[int, int]:
     disk, and the budget means what it says."""
     staging = disk_buffers * max(layout.nbytes for layout in layouts.values())
     return max(0, ram - staging), staging
-
-
-def _llama_unpermute(args: ModelArgs) -> dict[str, int] | None:
-    """Llama's Q/K rows come permuted by llama.cpp's converter: undone after each transfer."""
-    if args.arch != "llama":
-        return None
-    heads = {"attention.wq": args.n_heads, "attention.wk": args.n_kv_heads}
-    return {f"{proj}.{kind}": n for proj, n in heads.items() for kind in ("weight", "bias")}
 
 
 def _resident_bytes(model: Transformer, args: ModelArgs, dtype, n_ctx: int, max_tree: int) -> int:

@@ -12,8 +12,8 @@ was not in memory counts its stretch beyond that price as waiting for the disk:
 
 A stretch runs from the end of the layer before (the pass's start for the first) to the layer's end;
 what follows the last layer (copying the logits out) is computing. So the two add up to the pass. The
-price includes what streaming costs the CPU while it computes (on a 2-core VM a page-cache reader
-beside the compute made a cached 9-token pass 40% slower), so the wait is the time streaming adds.
+price includes what streaming costs the CPU while it computes (docs/measurements/code-notes.md,
+"Direct reads"), so the wait is the time streaming adds.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A compact PyTorch decoder for the Qwen2, Qwen3 and Llama architectures, built to verify draft trees.
 
-Qwen3 differs from Qwen2 by a per-head RMSNorm of q and k before RoPE (`q_norm`, `k_norm`, over
-the head dim) and no q/k/v biases; Llama 3 by RoPE frequencies divided by per-frequency factors.
+The architectures and their differences are described once, by `files/architecture.ModelArgs`; the
+modules here are built from it, and their parameters are named as `architecture.GGUF_NAMES` names them.
 
 One forward takes a batch of new tokens with *explicit* positions and an *arbitrary* boolean
 attention mask over (cache slots + new tokens), so a whole draft tree is one pass. New tokens are
@@ -19,45 +19,13 @@ heads, hd head dim.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ondevice.errors import OndeviceError
+from ondevice.files.architecture import ModelArgs
 from ondevice.decode.kvcache import move_entries
-
-
-@dataclass
-class ModelArgs:
-    arch: str = "qwen2"  # "qwen2", "qwen3" or "llama"
-    vocab_size: int = 151936
-    dim: int = 1536
-    n_layers: int = 28
-    n_heads: int = 12
-    n_kv_heads: int = 2
-    head_dim: int = 0  # 0: dim // n_heads
-    intermediate_size: int = 8960
-    norm_eps: float = 1e-6
-    rope_theta: float = 1e6
-    # Per-frequency divisors of RoPE's inverse frequencies (Llama 3 "llama3" scaling), hd // 2 values.
-    rope_freq_factors: tuple[float, ...] | None = None
-    qkv_bias: bool = True  # Qwen2 has q/k/v biases, Llama and Qwen3 do not
-    qk_norm: bool = False  # Qwen3: RMSNorm of each head's q and k (weights of size hd) before RoPE
-    tie_embeddings: bool = False  # LM head shares the token embedding matrix
-
-    def __post_init__(self) -> None:
-        if self.head_dim == 0:
-            self.head_dim = self.dim // self.n_heads
-        if self.rope_freq_factors is not None:
-            self.rope_freq_factors = tuple(float(f) for f in self.rope_freq_factors)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelArgs":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 class RMSNorm(nn.Module):

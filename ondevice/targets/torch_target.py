@@ -19,7 +19,8 @@ import torch
 from ondevice.decode.kvcache import TreeSlots
 from ondevice.decode.protocols import Target
 from ondevice.targets import weights
-from ondevice.targets.torch_model import ModelArgs, Transformer
+from ondevice.files.architecture import ModelArgs
+from ondevice.targets.torch_model import Transformer
 from ondevice.decode.tree import DraftTree
 
 if TYPE_CHECKING:
