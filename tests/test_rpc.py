@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,9 +23,10 @@ import pytest
 from ondevice.errors import OndeviceError
 from ondevice.loading.memory import ModelSize
 from ondevice.rpc import library
+from ondevice.rpc.supervise import with_workers
 from ondevice.loading.rpc_split import assign_layers, parse_workers, plan_split
 from serve_process import free_port
-from tiny_models import DIMS, write_tiny_gguf
+from tiny_models import DIMS, write_tiny_gguf, write_tiny_pair
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "rpc_child.py"
@@ -179,3 +182,70 @@ def test_a_worker_killed_mid_answer_ends_it_with_one_line_and_no_hang(four_layer
     assert child.returncode == 3, err
     assert len(lines) == 1 and a in lines[0] and "stopped answering" in lines[0], err
     assert "Traceback" not in err
+
+
+# --- chat and serve outlive a lost worker --------------------------------------------------------
+
+
+def test_with_workers_replaces_or_drops_the_rpc_flag():
+    assert with_workers(["chat", "--rpc", "a:1,b:2", "-n", "8"], ["b:2"]) == ["chat", "-n", "8", "--rpc", "b:2"]
+    assert with_workers(["serve", "--rpc=a:1", "--port", "9"], []) == ["serve", "--port", "9"]
+
+
+class Lines:
+    """A child's stderr read line by line on a thread, so that waiting for a line has a deadline."""
+
+    def __init__(self, stream):
+        self.queue: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=lambda: [self.queue.put(line) for line in stream], daemon=True).start()
+
+    def until(self, text: str, timeout: float = 120) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"{text!r} never came; stderr so far:\n" + "".join(self.seen)) from None
+            self.seen.append(line)
+            if text in line:
+                return line
+
+
+@needs_rpc
+def test_a_chat_that_loses_its_worker_answers_the_next_question_without_it(tmp_path):
+    """The worker is killed between two questions: the second answer ends with one line naming it,
+    the chat loads again on this machine alone, keeps the conversation and answers the third."""
+    dims = dict(DIMS)
+    DIMS.update(num_hidden_layers=4)
+    try:
+        write_tiny_pair(tmp_path, arch="qwen2")
+    finally:
+        DIMS.clear()
+        DIMS.update(dims)
+    with worker("--mem", "200MB") as (a, proc):
+        chat = subprocess.Popen([sys.executable, "-m", "ondevice", "chat", "-m", "tiny", "--no-draft", "--rpc", a, "-n", "8", "--threads", "1",
+                                 "--ctx", "512", "--ram-memory", "250MB"], env={**env(), "ONDEVICE_HOME": str(tmp_path)},
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            stderr = Lines(chat.stderr)
+            assert a in stderr.until("target split")  # the placement line: layers on the worker
+            chat.stdin.write("hello\n")
+            chat.stdin.flush()
+            stderr.until("tok/s")
+            proc.kill()
+            proc.wait()
+            chat.stdin.write("and again\n")
+            chat.stdin.flush()
+            assert a in stderr.until("stopped answering")
+            assert a in stderr.until("loading again on this machine alone")
+            assert "target split" not in stderr.until("/help for commands")  # the placement line: all of it here
+            assert "(2 messages)" in stderr.until("the conversation so far is kept")
+            chat.stdin.write("once more\n")
+            chat.stdin.close()
+            assert "prompt" in stderr.until("tok/s")
+            assert chat.wait(timeout=60) == 0
+        finally:
+            if chat.poll() is None:
+                chat.kill()
+    assert "Traceback" not in "".join(stderr.seen)

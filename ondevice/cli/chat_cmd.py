@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 import typer
 
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import Decoding, console, err, keeping_drafter, load_pipeline, make_spec, stats_line
+from ondevice.cli.decoding import Decoding, console, err, keeping_drafter, load_pipeline, make_spec, run_outliving_lost_workers, stats_line
 from ondevice.cli.literal import error_line, say
 from ondevice.cli.terminal import LineReader, ctrl_c_stops_the_answer
 from ondevice.cli.think import ThinkSplitter
@@ -91,6 +91,8 @@ def chat(
     settings = {**asdict(decoding), "system": check_text(system, "--system")}
     no_draft = not load.draft
     spec = decoding.spec(load.draft)  # bad options fail before loading
+    if load.rpc is not None:
+        run_outliving_lost_workers(load.rpc, "chat")
     load = replace(keeping_drafter(load, [spec]), streaming_ctx=STREAMING_CHAT_CTX)  # a streaming target: RAM for layers
     with load_pipeline(load) as pipe:
         say(err, f"{pipe.pair.description} · {pipe.placement_line()} · /help for commands, /bye to exit", "dim")
@@ -99,7 +101,12 @@ def chat(
 
 def converse(pipe, settings: dict, no_draft: bool) -> None:
     """The read → answer loop, until /bye, Ctrl-D or Ctrl-C at the prompt."""
+    from ondevice.rpc.supervise import load_state, save_state  # a chat started again after a lost worker
+
     history: list[dict[str, str]] = []
+    if (state := load_state()) is not None:
+        history, settings = state["history"], {**settings, **state["settings"]}
+        say(err, f"the conversation so far is kept ({len(history)} messages)", "dim")
     keyboard = LineReader()
     while True:
         idle = pipe.idle_step if settings["tree"] == "auto" and not no_draft else None  # the planner measures while you type
@@ -111,11 +118,13 @@ def converse(pipe, settings: dict, no_draft: bool) -> None:
         try:
             if message.startswith("/"):
                 handle_command(message, settings, history, pipe)
+                save_state(history, settings)
                 continue
             history.append({"role": "user", "content": message})
             answer = answer_once(pipe, history, settings, no_draft)
             if answer is not None:  # None: stopped with Ctrl-C, the question stays (as in ollama)
                 history.append({"role": "assistant", "content": answer})
+            save_state(history, settings)
         except OndeviceError as e:
             err.print(error_line(e), soft_wrap=True)
             if history and history[-1]["role"] == "user":

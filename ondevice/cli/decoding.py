@@ -4,12 +4,15 @@ after each answer."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
+
+import typer
 
 from rich.console import Console
 
 from ondevice import pipeline
-from ondevice.cli.literal import literal
+from ondevice.cli.literal import literal, say
 from ondevice.decode.engine import Stats
 from ondevice.errors import OndeviceError
 from ondevice.loading.options import Answers, LoadOptions
@@ -126,3 +129,15 @@ def load_pipeline(load: LoadOptions, answers: Answers | None = None) -> Pipeline
     """Load (and on first use download) the pipeline, with a spinner on stderr; answers: see `loading/options.Answers`."""
     with err.status("loading models…") as spinner:
         return pipeline.load_pipeline(load, status=lambda message: spinner.update(literal(f"{message}…")), answers=answers)
+
+
+def run_outliving_lost_workers(rpc: str, command: str) -> None:
+    """With --rpc, `ondevice chat|serve` runs as a child that is started again without a worker it
+    lost (rpc/supervise.py); returns at once in that child, or where argv is not this command's."""
+    from ondevice.loading.rpc_split import parse_workers
+    from ondevice.rpc import supervise
+
+    if supervise.is_child() or sys.argv[1:2] != [command]:
+        return
+    code = supervise.supervise(sys.argv[1:], list(parse_workers(rpc)), say=lambda line: say(err, line, "dim"), keep_state=command == "chat")
+    raise typer.Exit(code)

@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from ondevice.cli import options as opt
-from ondevice.cli.decoding import err, keeping_drafter, load_pipeline, make_spec
+from ondevice.cli.decoding import err, keeping_drafter, load_pipeline, make_spec, run_outliving_lost_workers
 from ondevice.cli.literal import literal, say
 from ondevice.errors import OndeviceError
 from ondevice.loading.options import LoadOptions
@@ -53,6 +53,8 @@ def serve(
     if not is_loopback(host) and not api_key:
         err.print(Text.assemble(("warning:", "yellow"), " ", literal(f"listening on {host} without --api-key: anyone who can reach this "
                                                                      "machine can use the model.")), soft_wrap=True)
+    if load.rpc is not None:
+        run_outliving_lost_workers(load.rpc, "serve")  # bound and loaded in a child started again without a lost worker
     sock = bind(host, port)
     pipe = load_pipeline(keeping_drafter(load, [spec]))
     try:

@@ -22,6 +22,7 @@ import sys
 from ondevice.rpc import library
 
 WORKER_LOST_EXIT = 3
+CHILD_ENV = "ONDEVICE_RPC_CHILD"  # set in a chat's or server's child process: its parent loads again (supervise.py)
 WORKER_TIMEOUT_S = 20  # unacknowledged data, or silence on an idle connection, for this long: the worker is gone
 RPC_MESSAGES = ("RPC", "Failed to connect", "handshake")
 _AbortCallback = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
@@ -42,8 +43,8 @@ def lost_workers(endpoints, timeout: float = 1.0) -> list[str]:
 
 def worker_lost_line(lost: list[str], endpoints) -> str:
     who = ", ".join(lost) if lost else "at " + ", ".join(endpoints) + " (which one is not known: all accept connections)"
-    return (f"ondevice: worker {who} stopped answering mid-answer; the answer ends here. "
-            "Restart the worker, or run without it (drop it from --rpc).")
+    then = "" if os.environ.get(CHILD_ENV) == "1" else " Restart the worker, or run without it (drop it from --rpc)."
+    return f"ondevice: worker {who} stopped answering mid-answer; the answer ends here.{then}"
 
 
 def install_abort_handler(endpoints) -> None:
