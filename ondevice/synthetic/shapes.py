@@ -15,8 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_reader import open_model
+from ondevice.files.gguf_header import read_header
 
 ARCHS = ("qwen2", "qwen3", "llama")
 LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -101,31 +103,26 @@ def find_shape(name: str) -> ModelShape:
 
 
 def shape_of_gguf(path: str | Path, name: str | None = None) -> ModelShape:
-    """A real GGUF's shape, from its header (gguf.GGUFReader maps the file; no weights are read)."""
-    reader = open_model(path)
-    arch = _field(reader, "general.architecture")
+    """A real GGUF's shape, from its header (files/gguf_header.py: no vocabulary parsed, no weights read
+    but the few RoPE factors)."""
+    header = read_header(path)
+    arch, meta = header.arch, header.metadata
     if arch not in ARCHS:
         raise OndeviceError(f"{path}: architecture {arch!r} has no synthetic twin (supported: {', '.join(ARCHS)}).")
-    tensors = {t.name: t for t in reader.tensors}
-    dim, n_heads = int(_field(reader, f"{arch}.embedding_length")), int(_field(reader, f"{arch}.attention.head_count"))
-    factors = tensors.get("rope_freqs.weight")
+    dim, n_heads = int(meta[f"{arch}.embedding_length"]), int(meta[f"{arch}.attention.head_count"])
+    factors = header.tensors.get("rope_freqs.weight")
     return ModelShape(
         name=name or Path(path).stem,
         arch=arch,
-        n_layers=int(_field(reader, f"{arch}.block_count")),
+        n_layers=int(meta[f"{arch}.block_count"]),
         dim=dim,
-        ffn=int(_field(reader, f"{arch}.feed_forward_length")),
+        ffn=int(meta[f"{arch}.feed_forward_length"]),
         n_heads=n_heads,
-        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
-        head_dim=int(_field(reader, f"{arch}.attention.key_length", dim // n_heads)),
-        vocab=int(tensors["token_embd.weight"].shape[1]),
-        tied="output.weight" not in tensors,
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_factor=float(max(factors.data)) if factors is not None else None,
+        n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
+        head_dim=int(meta.get(f"{arch}.attention.key_length", dim // n_heads)),
+        vocab=int(header.tensors["token_embd.weight"].shape[1]),
+        tied="output.weight" not in header.tensors,
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_factor=None if factors is None else float(np.fromfile(factors.path, np.float32, factors.nbytes // 4, offset=factors.offset).max()),
     )
-
-
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()

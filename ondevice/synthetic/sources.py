@@ -14,10 +14,12 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from gguf.constants import GGMLQuantizationType
+
 from ondevice.catalog import hub
 from ondevice.catalog.pairs import list_pairs
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_reader import open_model
+from ondevice.files.gguf_header import read_header
 from ondevice.synthetic.blocks import SUPPORTED
 from ondevice.synthetic.quant_mix import TensorSpec, preset_tensors
 from ondevice.synthetic.shapes import PRESETS, ModelShape, find_shape, shape_of_gguf
@@ -33,8 +35,8 @@ class SyntheticModel:
 
 def tensors_of_gguf(path: str | Path) -> tuple[TensorSpec, ...]:
     """A GGUF's tensors in file order: name, shape (numpy order), type. Only the header is read."""
-    reader = open_model(path)
-    tensors = tuple(TensorSpec(t.name, tuple(int(d) for d in reversed(t.shape)), t.tensor_type) for t in reader.tensors)
+    header = read_header(path)
+    tensors = tuple(TensorSpec(t.name, tuple(reversed(t.shape)), GGMLQuantizationType(t.qtype)) for t in header.tensors.values())
     unsupported = sorted({t.qtype.name for t in tensors if t.qtype not in SUPPORTED})
     if unsupported:
         raise OndeviceError(f"{path} holds {', '.join(unsupported)} tensors, which synthetic twins cannot write yet.")
