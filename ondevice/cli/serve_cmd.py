@@ -50,11 +50,11 @@ def serve(
     max_body = parse_size(max_request_size)
     if max_body <= 0:
         raise OndeviceError(f"--max-request-size must be more than 0 bytes (got {max_request_size!r}).")
+    if load.rpc is not None:
+        run_outliving_lost_workers(load.rpc, "serve")  # bound and loaded in a child started again without a lost worker
     if not is_loopback(host) and not api_key:
         err.print(Text.assemble(("warning:", "yellow"), " ", literal(f"listening on {host} without --api-key: anyone who can reach this "
                                                                      "machine can use the model.")), soft_wrap=True)
-    if load.rpc is not None:
-        run_outliving_lost_workers(load.rpc, "serve")  # bound and loaded in a child started again without a lost worker
     sock = bind(host, port)
     pipe = load_pipeline(keeping_drafter(load, [spec]))
     try:

@@ -51,7 +51,7 @@ def supervise(argv: list[str], endpoints: list[str], say=print, keep_state: bool
         while True:
             code = run_child([sys.executable, "-m", "ondevice", *argv], env)
             if code != WORKER_LOST_EXIT:
-                return code
+                return code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
             lost = lost_workers(endpoints)
             if not lost:  # which one is not known (faults.py said so): nothing to leave out
                 return code
