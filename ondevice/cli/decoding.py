@@ -8,7 +8,6 @@ import sys
 from dataclasses import dataclass, replace
 
 import typer
-
 from rich.console import Console
 
 from ondevice import pipeline

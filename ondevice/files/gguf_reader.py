@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import quant_shape_to_byte_shape
 
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
@@ -65,9 +66,8 @@ class PartTensor:
         uint8 rows of blocks."""
         dims = tuple(reversed(self.shape))
         kind = _FLOATS.get(self.tensor_type)
-        if kind is None:
-            block, type_size = GGML_QUANT_SIZES[self.tensor_type]
-            kind, dims = np.uint8, dims[:-1] + (dims[-1] // block * type_size,)
+        if kind is None:  # as gguf-py shapes quantized rows
+            kind, dims = np.uint8, quant_shape_to_byte_shape(dims, self.tensor_type)
         raw = self.file[self.data_offset : self.data_offset + self.n_bytes]
         return raw.view(kind).reshape(dims)
 

@@ -20,12 +20,12 @@ So where the target streams with the drafter, the load compares two rates, measu
                          what the drafter-less planner sizes its free rounds on)
 
 and loads the drafter only where it is faster. Where its side is only predicted, a prediction faster
-by UNSURE (the planner's distrust of a prediction, plan/arms.py) keeps it; one faster by less loads it to be measured (`explore`): its answers fill the book of the
-regime with the drafter, and from then on what they measured decides (without that, a prediction
-short of UNSURE is never put to the test).
-Free drafts stay on either way: they need no RAM.
-The timed pass is one moment of a disk whose speed drifts, so where the drafter is kept by less than UNSURE (the planner's trust in a
-prediction, plan/arms.py) the next load times it again and the mean decides (`AlonePass.folded`).
+by UNSURE (the planner's distrust of a prediction, plan/arms.py) keeps it; one faster by less loads
+it to be measured (`explore`): its answers fill the book of the regime with the drafter, and from
+then on what they measured decides (without that, a prediction short of UNSURE is never put to the
+test). Free drafts stay on either way: they need no RAM.
+The timed pass is one moment of a disk whose speed drifts, so where the drafter is kept by less than
+UNSURE the next load times it again and the mean decides (`AlonePass.folded`).
 `--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
 
 Where the target without the drafter nearly fits (its plan reads at most NEAR_FIT of the file per
