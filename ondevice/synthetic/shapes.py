@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_header import read_header
+from ondevice.files.architecture import gguf_model_args
+from ondevice.files.gguf_reader import SplitReader
 
 ARCHS = ("qwen2", "qwen3", "llama")
 LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -103,26 +102,16 @@ def find_shape(name: str) -> ModelShape:
 
 
 def shape_of_gguf(path: str | Path, name: str | None = None) -> ModelShape:
-    """A real GGUF's shape, from its header (files/gguf_header.py: no vocabulary parsed, no weights read
-    but the few RoPE factors)."""
-    header = read_header(path)
-    arch, meta = header.arch, header.metadata
-    if arch not in ARCHS:
-        raise OndeviceError(f"{path}: architecture {arch!r} has no synthetic twin (supported: {', '.join(ARCHS)}).")
-    dim, n_heads = int(meta[f"{arch}.embedding_length"]), int(meta[f"{arch}.attention.head_count"])
-    factors = header.tensors.get("rope_freqs.weight")
+    """A real GGUF's shape, from its header as the torch target reads it (files/architecture.py: no
+    vocabulary parsed, no weights read but the few RoPE factors)."""
+    reader = SplitReader(path)  # a missing or broken file: its own one-line error
+    try:
+        args = gguf_model_args(reader)
+    except OndeviceError as err:
+        raise OndeviceError(f"{path}: no synthetic twin: {err}") from None
+    factors = args.rope_freq_factors
     return ModelShape(
-        name=name or Path(path).stem,
-        arch=arch,
-        n_layers=int(meta[f"{arch}.block_count"]),
-        dim=dim,
-        ffn=int(meta[f"{arch}.feed_forward_length"]),
-        n_heads=n_heads,
-        n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
-        head_dim=int(meta.get(f"{arch}.attention.key_length", dim // n_heads)),
-        vocab=int(header.tensors["token_embd.weight"].shape[1]),
-        tied="output.weight" not in header.tensors,
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_factor=None if factors is None else float(np.fromfile(factors.path, np.float32, factors.nbytes // 4, offset=factors.offset).max()),
+        name=name or Path(path).stem, arch=args.arch, n_layers=args.n_layers, dim=args.dim, ffn=args.intermediate_size,
+        n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, head_dim=args.head_dim, vocab=args.vocab_size, tied=args.tie_embeddings,
+        rope_theta=args.rope_theta, norm_eps=args.norm_eps, rope_factor=None if factors is None else max(factors),
     )
