@@ -41,12 +41,16 @@ def top_children(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sampled_children(logp: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """k tokens drawn without replacement from exp(logp) (Gumbel top-k), in draw order."""
-    k = min(k, int(np.isfinite(logp).sum()))
-    keys = logp + rng.gumbel(size=logp.shape).astype(np.float32)
+    """k tokens drawn without replacement from exp(logp) (Gumbel top-k), in draw order. Tokens of
+    probability 0 (-inf: a trimmed vocabulary, a top-k cut) get no Gumbel key: a draw over the
+    others alone has the same law and costs a fraction of the whole vocabulary's."""
+    support = np.flatnonzero(np.isfinite(logp))
+    k = min(k, len(support))
+    ids = support if len(support) < len(logp) else np.arange(len(logp))
+    keys = logp[ids] + rng.gumbel(size=len(ids)).astype(np.float32)
     top = np.argpartition(-keys, k - 1)[:k] if k < len(keys) else np.arange(len(keys))
     top = top[np.argsort(-keys[top], kind="stable")]
-    return top, logp[top]
+    return ids[top], logp[ids[top]]
 
 
 class SearchTree:
