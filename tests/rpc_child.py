@@ -53,7 +53,8 @@ def logits(model: str, endpoints: str) -> None:
     noise = batch_noise_by_size(local, chain, [24])[24]  # this machine's batch noise: a 24-token pass against one at a time
     remote = split_target(model, endpoints)
     got = tree_logits(remote, t)
-    print(json.dumps({"noise": noise, "split_vs_local": noise_stats(expected, got), "split": remote.split.to_dict()}))
+    print(json.dumps({"noise": noise, "split_vs_local": noise_stats(expected, got), "split": remote.split.to_dict(),
+                      "traffic": remote.split.traffic()}))
 
 
 def kill(model: str, endpoints: str) -> None:

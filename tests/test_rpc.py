@@ -157,6 +157,9 @@ def test_split_logits_equal_the_local_targets_within_batch_noise(four_layers):
     result = json.loads(out.stdout.splitlines()[-1])
     parts = result["split"]["parts"]
     assert [len(p["layers"]) > 0 for p in parts] == [True, True, True]  # this machine and both workers compute layers
+    traffic = result["traffic"]
+    assert traffic["verify_passes"] >= 1 and traffic["round_trips_per_pass"] == 2.0, traffic  # each worker answers its part once
+    assert traffic["bytes_received_per_pass"] >= 4 * 320, traffic  # at least one row of logits came back (vocab 320, f32)
     got, noise = result["split_vs_local"], result["noise"]
     print(json.dumps({"split_vs_local": got, "batch_noise": noise}))
     assert got["argmax_flips"] == 0 or got["min_margin"] <= noise["max_gap_delta"]

@@ -44,13 +44,15 @@ def sampled_children(logp: np.ndarray, k: int, rng: np.random.Generator) -> tupl
     """k tokens drawn without replacement from exp(logp) (Gumbel top-k), in draw order. Tokens of
     probability 0 (-inf: a trimmed vocabulary, a top-k cut) get no Gumbel key: a draw over the
     others alone has the same law and costs a fraction of the whole vocabulary's."""
-    support = np.flatnonzero(np.isfinite(logp))
-    k = min(k, len(support))
-    ids = support if len(support) < len(logp) else np.arange(len(logp))
-    keys = logp[ids] + rng.gumbel(size=len(ids)).astype(np.float32)
+    finite = np.isfinite(logp)
+    ids = None if finite.all() else np.flatnonzero(finite)  # None: every token may be drawn
+    row = logp if ids is None else logp[ids]
+    k = min(k, len(row))
+    keys = row + rng.gumbel(size=len(row)).astype(np.float32)
     top = np.argpartition(-keys, k - 1)[:k] if k < len(keys) else np.arange(len(keys))
     top = top[np.argsort(-keys[top], kind="stable")]
-    return ids[top], logp[ids[top]]
+    top = top if ids is None else ids[top]
+    return top, logp[top]
 
 
 class SearchTree:

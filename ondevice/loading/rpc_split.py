@@ -106,7 +106,7 @@ class RpcSplit:
             self.links.pass_ends(tokens)
 
     def traffic(self) -> dict:
-        """Bytes and TCP segments each way per verification pass so far (traffic.py)."""
+        """Bytes, TCP segments and round trips per verification pass so far (traffic.py)."""
         return self.links.summary() if getattr(self, "links", None) is not None else {}
 
     def describe(self) -> str:

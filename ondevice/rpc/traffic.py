@@ -3,8 +3,11 @@
 llama.cpp keeps one TCP connection per worker. `WorkerLinks` finds them among this process's
 sockets (by the worker's address) and reads `TCP_INFO` (linux/tcp.h, struct tcp_info) on each:
 bytes acknowledged by the worker (sent), bytes received, and data segments each way. A pass's
-traffic is the difference across it. Round trips are not visible here (a reply may span several
-segments); rpc/wiretap.py counts them exactly, for measurements.
+traffic is the difference across it. A request's round trips are not visible here (a reply may span
+several segments), but which workers answered is: `round_trips_per_pass` counts, per pass, the
+workers that sent data back. llama.cpp's client waits for each worker's graph computation in turn,
+one answered request per worker a pass (rpc/wiretap.py, which parses the requests, counted exactly
+one per worker on every decode pass; the load's first pass also allocates and sends weights).
 """
 
 from __future__ import annotations
@@ -78,25 +81,31 @@ class WorkerLinks:
     def __init__(self, endpoints):
         self.endpoints = tuple(endpoints)
         self.fds = worker_fds(self.endpoints)
-        self.passes: list[tuple[int, Traffic]] = []  # (tokens, traffic) of each verification pass, the last MAX_PASSES
-        self._start: Traffic | None = None
+        self.passes: list[tuple[int, Traffic, int]] = []  # (tokens, traffic, workers that answered) of each verification pass, the last MAX_PASSES
+        self._start: dict[str, Traffic] | None = None
 
-    def total(self) -> Traffic:
-        out = Traffic()
-        for fds in self.fds.values():
+    def by_worker(self) -> dict[str, Traffic]:
+        out = {}
+        for endpoint, fds in self.fds.items():
+            out[endpoint] = Traffic()
             for fd in fds:
                 try:
-                    out = out + tcp_traffic(fd)
+                    out[endpoint] = out[endpoint] + tcp_traffic(fd)
                 except OSError:
                     pass
         return out
 
+    def total(self) -> Traffic:
+        return sum(self.by_worker().values(), Traffic())
+
     def pass_starts(self) -> None:
-        self._start = self.total()
+        self._start = self.by_worker()
 
     def pass_ends(self, tokens: int) -> None:
         if self._start is not None:
-            self.passes = self.passes[-(MAX_PASSES - 1):] + [(tokens, self.total() - self._start)]
+            deltas = {e: t - self._start.get(e, Traffic()) for e, t in self.by_worker().items()}
+            answered = sum(1 for t in deltas.values() if t.segments_in > 0)
+            self.passes = self.passes[-(MAX_PASSES - 1):] + [(tokens, sum(deltas.values(), Traffic()), answered)]
             self._start = None
 
     def summary(self) -> dict:
@@ -105,13 +114,14 @@ class WorkerLinks:
         if not self.passes:
             return {"verify_passes": 0}
         n = len(self.passes)
-        tokens = np.array([t for t, _ in self.passes], float)
-        received = np.array([tr.bytes_received for _, tr in self.passes], float)
-        sent = np.array([tr.bytes_sent for _, tr in self.passes], float)
+        tokens = np.array([t for t, _, _ in self.passes], float)
+        received = np.array([tr.bytes_received for _, tr, _ in self.passes], float)
+        sent = np.array([tr.bytes_sent for _, tr, _ in self.passes], float)
         out = {"verify_passes": n, "mean_tokens_per_pass": float(tokens.mean()),
                "bytes_sent_per_pass": float(sent.mean()), "bytes_received_per_pass": float(received.mean()),
-               "segments_in_per_pass": sum(tr.segments_in for _, tr in self.passes) / n,
-               "segments_out_per_pass": sum(tr.segments_out for _, tr in self.passes) / n}
+               "segments_in_per_pass": sum(tr.segments_in for _, tr, _ in self.passes) / n,
+               "segments_out_per_pass": sum(tr.segments_out for _, tr, _ in self.passes) / n,
+               "round_trips_per_pass": sum(answered for _, _, answered in self.passes) / n}
         if len(set(tokens)) > 1:
             for name, y in (("received", received), ("sent", sent)):
                 slope, fixed = np.polyfit(tokens, y, 1)

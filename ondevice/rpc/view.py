@@ -10,7 +10,8 @@ def split_line(split) -> str:
     if not t or not t.get("verify_passes"):
         return split.describe()
     line = (f"{split.describe()}; per verification pass ({t['mean_tokens_per_pass']:.1f} tokens on average) "
-            f"{format_bytes(t['bytes_sent_per_pass'])} sent, {format_bytes(t['bytes_received_per_pass'])} received over the network")
+            f"{t['round_trips_per_pass']:.1f} round trips, {format_bytes(t['bytes_sent_per_pass'])} sent, "
+            f"{format_bytes(t['bytes_received_per_pass'])} received over the network")
     if "bytes_received_per_token" in t:
         line += f" (received: {format_bytes(max(0, t['bytes_received_fixed']))} + {format_bytes(t['bytes_received_per_token'])} a token)"
     return line
