@@ -57,10 +57,6 @@ class PartTensor:
     file: np.memmap  # the part's bytes, mapped read-only
 
     @property
-    def n_elements(self) -> int:
-        return int(np.prod(self.shape))
-
-    @property
     def data(self) -> np.ndarray:
         """The tensor's bytes mapped read-only: floats and ints as such (numpy order), quantized types as
         uint8 rows of blocks."""

@@ -95,9 +95,6 @@ class WorkerLinks:
                     pass
         return out
 
-    def total(self) -> Traffic:
-        return sum(self.by_worker().values(), Traffic())
-
     def pass_starts(self) -> None:
         self._start = self.by_worker()
 
