@@ -251,6 +251,23 @@ def test_unsupported_architecture(tmp_path):
         TorchTarget.from_gguf(tmp_path / "gemma.gguf")
 
 
+
+def test_a_gguf_missing_a_required_field_is_one_line(tmp_path):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(tmp_path / "partial.gguf"), "qwen2")
+    writer.add_block_count(1)
+    writer.add_embedding_length(4)
+    writer.add_head_count(1)
+    writer.add_feed_forward_length(8)  # no layer_norm_rms_epsilon
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(OndeviceError, match="lacks the metadata field 'qwen2.attention.layer_norm_rms_epsilon'"):
+        TorchTarget.from_gguf(tmp_path / "partial.gguf")
+
 # --- numerics ---------------------------------------------------------------------------------------
 
 

@@ -131,6 +131,14 @@ def _field(reader, key: str, default=None):
     return default if field is None else field.contents()
 
 
+def _required(reader, key: str):
+    """A metadata field every model of this architecture must carry: its value, or a one-line error."""
+    field = reader.fields.get(key)
+    if field is None:
+        raise OndeviceError(f"this GGUF lacks the metadata field {key!r}, which its architecture needs; it is incomplete or not a model file.")
+    return field.contents()
+
+
 def gguf_model_args(reader) -> ModelArgs:
     """Read the architecture hyper-parameters from a GGUF's metadata (a gguf_reader.SplitReader)."""
     arch = _field(reader, "general.architecture")
@@ -140,7 +148,9 @@ def gguf_model_args(reader) -> ModelArgs:
             "run it with --target-backend llama, which runs whatever llama.cpp supports."
         )
     tensors = {t.name: t for t in reader.tensors}
-    dim, n_heads = int(_field(reader, f"{arch}.embedding_length")), int(_field(reader, f"{arch}.attention.head_count"))
+    if "token_embd.weight" not in tensors:
+        raise OndeviceError("this GGUF has no token embedding (token_embd.weight); it is incomplete or not a model file.")
+    dim, n_heads = int(_required(reader, f"{arch}.embedding_length")), int(_required(reader, f"{arch}.attention.head_count"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", dim // n_heads))
     if int(_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
         raise OndeviceError("This GGUF uses partial rotary embeddings, which the PyTorch target does not support.")
@@ -152,12 +162,12 @@ def gguf_model_args(reader) -> ModelArgs:
         arch=arch,
         vocab_size=int(tensors["token_embd.weight"].shape[1]),
         dim=dim,
-        n_layers=int(_field(reader, f"{arch}.block_count")),
+        n_layers=int(_required(reader, f"{arch}.block_count")),
         n_heads=n_heads,
         n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
         head_dim=head_dim,
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        intermediate_size=int(_required(reader, f"{arch}.feed_forward_length")),
+        norm_eps=float(_required(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rope_freq_factors=None if factors is None else tuple(np.asarray(factors.data, dtype=np.float64)),
         qkv_bias="blk.0.attn_q.bias" in tensors,
