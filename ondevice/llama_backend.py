@@ -3,9 +3,11 @@
 Everything else in ondevice talks to llama.cpp through this file (the low-level ctypes API of
 llama-cpp-python). What it takes care of:
 
-- **Crash guard.** A native build on a CPU with AMX segfaults in `ggml_backend_amx_mul_mat` when it
-  multiplies a quantized matrix by more than one token. Every load here turns off llama.cpp's extra
-  weight buffer types (`use_extra_bufts = False`) on such CPUs, which avoids the AMX path.
+- **Crash guard.** A native build on a CPU with AMX dies of SIGILL in `ggml_backend_amx_mul_mat` when
+  it multiplies a quantized matrix by more than one token: the compiler drops the tile shape from the
+  configuration it loads (llama.cpp's own open fix: ggml-org/llama.cpp#26954), and the first tile
+  instruction faults. Every load here turns off llama.cpp's extra weight buffer types
+  (`use_extra_bufts = False`) on such CPUs, which avoids the AMX path.
 - **Clear errors.** A missing file, one that is not a GGUF, or one whose header or metadata would
   make llama.cpp abort (files/gguf_check.py) is an `OndeviceError` before llama.cpp sees it; a model
   or context llama.cpp refuses is one too.
@@ -32,11 +34,10 @@ import llama_cpp
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_check import check_model_file
+from ondevice.files.gguf_check import check_gguf_file
 from ondevice.files.gguf_header import OUTPUT_LAYER  # what layer_callback reports once the LM head has computed
 from ondevice.machine.facts import default_threads
 
-GGUF_MAGIC = b"GGUF"
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
 LLAMA_MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX_SEQ (256)
 
@@ -119,23 +120,6 @@ def amx_crash_guard():
         yield
     finally:
         bindings.llama_model_default_params = original
-
-
-def check_gguf_file(path: str | Path) -> Path:
-    """The path as a Path if it is a GGUF file llama.cpp may load (files/gguf_check.py: a malformed
-    header or metadata llama.cpp would abort on is refused first); else OndeviceError naming the fix."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise OndeviceError(f"model file {path} does not exist; run `ondevice download` or check the path.")
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as err:
-        raise OndeviceError(f"model file {path} cannot be read ({err.strerror}); check its permissions.") from None
-    if magic != GGUF_MAGIC:
-        raise OndeviceError(f"{path} is not a GGUF model file (it may be corrupt); download it again.")
-    check_model_file(path)
-    return path
 
 
 @functools.cache

@@ -25,7 +25,8 @@ from gguf_model_mutants import TEXT, model_mutants  # noqa: E402
 from gguf_mutants import mutants  # noqa: E402
 from ondevice.errors import OndeviceError  # noqa: E402
 from ondevice.files.gguf_reader import SplitReader  # noqa: E402
-from ondevice.llama_backend import LlamaContext, LlamaModel, check_gguf_file  # noqa: E402
+from ondevice.files.gguf_check import check_gguf_file  # noqa: E402
+from ondevice.llama_backend import LlamaContext, LlamaModel  # noqa: E402
 from ondevice.loading.memory import ModelSize  # noqa: E402
 from ondevice.prompt.tokenizer import Tokenizer  # noqa: E402
 

@@ -181,3 +181,15 @@ HELDOUT17_CHAT = [
     "What should I check before buying a used bicycle?",
     "Explain the difference between a virus and a bacterium to a ten-year-old.",
 ]
+
+HELDOUT18_CODE = [  # written before the measurements of the batched-pass kernels and overlap at 0.9 GB
+    "Write a Python function that returns the k most frequent words in a text, ignoring case.",
+    "Write a JavaScript function that debounces another function by a given number of milliseconds.",
+    "Write a SQL query that lists each customer's total order amount for 2024, highest first.",
+]
+
+HELDOUT18_CHAT = [
+    "How do I keep basil alive on a windowsill?",
+    "What is the difference between weather and climate?",
+    "Give me three tips for sleeping better after a long flight.",
+]

@@ -36,7 +36,8 @@ from ondevice.bench.runner import BenchResult
 from ondevice.decode.engine import Stats
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.errors import OndeviceError
-from ondevice.llama_backend import amx_crash_guard, check_gguf_file, set_llama_logging
+from ondevice.files.gguf_check import check_gguf_file
+from ondevice.llama_backend import amx_crash_guard, set_llama_logging
 from ondevice.decode.protocols import DraftSpec
 
 SPEC_BATCH = 64

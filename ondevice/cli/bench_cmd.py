@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -190,6 +191,18 @@ def run_baselines(names: list[str], pipe, ids, max_tokens: int, reference, as_js
     return rows
 
 
+def heldout_sets() -> str:
+    """The held-out set names in a line: heldoutN-code / heldoutN-chat as one pattern with its N."""
+    pairs = sorted({int(m[1]) for s in prompt_sets.SETS if (m := re.fullmatch(r"heldout(\d+)-(?:code|chat)", s))})
+    runs, start = [], pairs[0]
+    for a, b in zip(pairs, pairs[1:] + [None]):
+        if b != a + 1:
+            runs.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    others = [s for s in prompt_sets.SETS if s.startswith("heldout") and not re.fullmatch(r"heldout\d+-(?:code|chat)", s)]
+    return " / ".join(others) + f", heldoutN-code / heldoutN-chat (N = {', '.join(runs)})"
+
+
 @opt.load_options
 def bench(
     trees: str = typer.Option("auto,chain,best-first,multi-seq", "--trees", help="Comma-separated tree builders to compare (auto: the planner's choice)."),
@@ -199,8 +212,8 @@ def bench(
     ),
     prompt_set: str = typer.Option(
         "eval", "--prompts", help="eval (held out: code + chat), code, chat, edit (code edits: where prompt lookup pays), "
-        "agent (conversations that revise the same code), calibration, or " + " / ".join(s for s in prompt_sets.SETS if s.startswith("heldout")) + " "
-        "(never tuned on: the planner's figures in README).",
+        "agent (conversations that revise the same code), calibration, or the held-out sets, each written for one "
+        f"measurement and never tuned on: {heldout_sets()}.",
     ),
     limit: int = typer.Option(0, "--limit", help="Use only the first N prompts (0 = all)."),
     max_tokens: opt.MaxTokens = 128,

@@ -33,6 +33,7 @@ from ondevice.files.gguf_vocab import vocab_problem
 LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+GGUF_MAGIC = b"GGUF"
 MAX_HPARAM = (1 << 31) - 1  # llama.cpp keeps them in 32-bit integers
 TENSOR_ALIGNMENT = 32  # ggml's CPU buffers (ggml-backend.c TENSOR_ALIGNMENT): a mapped file's tensors must start at it
 EPSILONS = ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "attention.group_norm_epsilon")  # ggml asserts eps >= 0
@@ -47,6 +48,23 @@ INT_HPARAMS = ("block_count", "context_length", "embedding_length", "feed_forwar
 WEIGHT_TYPES = frozenset(GGMLQuantizationType[name] for name in (
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS",
     "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"))  # fmt: skip
+
+
+def check_gguf_file(path: str | Path) -> Path:
+    """The path as a Path if it is a GGUF file llama.cpp may load (files/gguf_check.py: a malformed
+    header or metadata llama.cpp would abort on is refused first); else OndeviceError naming the fix."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise OndeviceError(f"model file {path} does not exist; run `ondevice download` or check the path.")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as err:
+        raise OndeviceError(f"model file {path} cannot be read ({err.strerror}); check its permissions.") from None
+    if magic != GGUF_MAGIC:
+        raise OndeviceError(f"{path} is not a GGUF model file (it may be corrupt); download it again.")
+    check_model_file(path)
+    return path
 
 
 def check_model_file(path: str | Path) -> GGUFHeader:

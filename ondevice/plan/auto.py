@@ -19,9 +19,8 @@ profile found busy (timing.py: other processes disturbed it) is used, and measur
 way. `ondevice profile` measures everything on demand. Where the target is on a GPU
 (`ProfileBackends.profile_first`) the profile is measured before the first answer: seconds there.
 
-A target that streams from disk has its own profile (measured streaming, in a child process before
-loading: loading/profiling.streaming_profile). Drafting while the target verifies (DuoDecoding, decode/overlap.py)
-is priced with what overlapped rounds achieved (`hit_scale`, `overlap_scale`).
+A target that streams from disk has its own profile (loading/profiling.streaming_profile). Drafting while
+the target verifies (decode/overlap.py) is priced with what overlapped rounds achieved (`hit_scale`, `overlap_scale`).
 """
 
 from __future__ import annotations
