@@ -51,8 +51,8 @@ WEIGHT_TYPES = frozenset(GGMLQuantizationType[name] for name in (
 
 
 def check_gguf_file(path: str | Path) -> Path:
-    """The path as a Path if it is a GGUF file llama.cpp may load (files/gguf_check.py: a malformed
-    header or metadata llama.cpp would abort on is refused first); else OndeviceError naming the fix."""
+    """The path as a Path if it is a GGUF file llama.cpp may load (missing, unreadable, not a GGUF, or
+    a header or metadata llama.cpp would abort on: `check_model_file`); else OndeviceError naming the fix."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise OndeviceError(f"model file {path} does not exist; run `ondevice download` or check the path.")
