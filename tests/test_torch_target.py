@@ -237,36 +237,35 @@ def test_missing_and_unsupported_files(tmp_path):
         TorchTarget.from_hf(tmp_path)
 
 
-def test_unsupported_architecture(tmp_path):
+def header_only_gguf(path, arch: str, **fields):
+    """A GGUF of one architecture with these metadata fields (GGUFWriter.add_NAME(value)) and a tiny
+    token embedding: enough for the torch target to read its header."""
     import gguf
 
-    writer = gguf.GGUFWriter(str(tmp_path / "gemma.gguf"), "gemma")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
+    for name, value in fields.items():
+        getattr(writer, f"add_{name}")(value)
     writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(OndeviceError, match="'gemma' is not supported .*--target-backend llama"):
-        TorchTarget.from_gguf(tmp_path / "gemma.gguf")
+    return path
 
+
+def test_unsupported_architecture(tmp_path):
+    path = header_only_gguf(tmp_path / "gemma.gguf", "gemma")
+    with pytest.raises(OndeviceError, match="'gemma' is not supported .*--target-backend llama"):
+        TorchTarget.from_gguf(path)
 
 
 def test_a_gguf_missing_a_required_field_is_one_line(tmp_path):
-    import gguf
-
-    writer = gguf.GGUFWriter(str(tmp_path / "partial.gguf"), "qwen2")
-    writer.add_block_count(1)
-    writer.add_embedding_length(4)
-    writer.add_head_count(1)
-    writer.add_feed_forward_length(8)  # no layer_norm_rms_epsilon
-    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = header_only_gguf(tmp_path / "partial.gguf", "qwen2", embedding_length=4, head_count=1,
+                            feed_forward_length=8)  # no layer_norm_rms_epsilon
     with pytest.raises(OndeviceError, match="lacks the metadata field 'qwen2.attention.layer_norm_rms_epsilon'"):
-        TorchTarget.from_gguf(tmp_path / "partial.gguf")
+        TorchTarget.from_gguf(path)
+
 
 # --- numerics ---------------------------------------------------------------------------------------
 

@@ -191,15 +191,18 @@ def run_baselines(names: list[str], pipe, ids, max_tokens: int, reference, as_js
     return rows
 
 
+NUMBERED_HELDOUT = re.compile(r"heldout(\d+)-(?:code|chat)")
+
+
 def heldout_sets() -> str:
     """The held-out set names in a line: heldoutN-code / heldoutN-chat as one pattern with its N."""
-    pairs = sorted({int(m[1]) for s in prompt_sets.SETS if (m := re.fullmatch(r"heldout(\d+)-(?:code|chat)", s))})
+    pairs = sorted({int(m[1]) for s in prompt_sets.SETS if (m := NUMBERED_HELDOUT.fullmatch(s))})
     runs, start = [], pairs[0]
     for a, b in zip(pairs, pairs[1:] + [None]):
         if b != a + 1:
             runs.append(str(start) if start == a else f"{start}-{a}")
             start = b
-    others = [s for s in prompt_sets.SETS if s.startswith("heldout") and not re.fullmatch(r"heldout\d+-(?:code|chat)", s)]
+    others = [s for s in prompt_sets.SETS if s.startswith("heldout") and not NUMBERED_HELDOUT.fullmatch(s)]
     return " / ".join(others) + f", heldoutN-code / heldoutN-chat (N = {', '.join(runs)})"
 
 

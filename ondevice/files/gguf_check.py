@@ -26,14 +26,13 @@ from pathlib import Path
 from gguf.constants import GGMLQuantizationType
 
 from ondevice.errors import OndeviceError
-from ondevice.files.gguf_header import GGUFHeader, read_header
+from ondevice.files.gguf_header import GGUF_MAGIC, GGUFHeader, read_header
 from ondevice.files.gguf_split import part_paths
 from ondevice.files.gguf_vocab import vocab_problem
 
 LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
-GGUF_MAGIC = b"GGUF"
 MAX_HPARAM = (1 << 31) - 1  # llama.cpp keeps them in 32-bit integers
 TENSOR_ALIGNMENT = 32  # ggml's CPU buffers (ggml-backend.c TENSOR_ALIGNMENT): a mapped file's tensors must start at it
 EPSILONS = ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "attention.group_norm_epsilon")  # ggml asserts eps >= 0

@@ -34,6 +34,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_split import part_paths
 
+GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes
 OUTPUT_LAYER = "output"  # the LM head, where a per-layer view of the file counts it as the last layer
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -205,7 +206,7 @@ def _read_part(path: Path) -> GGUFHeader:
 
 
 def _parse(path: Path, c: _Cursor) -> GGUFHeader:
-    if c.buf[:4] != b"GGUF":
+    if c.buf[:4] != GGUF_MAGIC:
         raise HeaderError("no GGUF magic")
     c.pos = 4
     version = c.take("<I")

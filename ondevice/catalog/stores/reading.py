@@ -17,8 +17,7 @@ import struct
 from pathlib import Path
 
 from ondevice.errors import OndeviceError
-
-GGUF_MAGIC = b"GGUF"
+from ondevice.files.gguf_header import GGUF_MAGIC
 
 
 class StoreUnreadable(OndeviceError):
