@@ -3,7 +3,7 @@
     python scripts/drafter_calls.py [--drafter PATH[,PATH...]] [--threads 1,2] [--nodes 1,2,4,8] [--repeats 15]
 
 Each drafter file is loaded as the pipeline loads a drafter under a memory limit (resident, f16 KV
-cache, its VocabTrim head where one is built beside it), once per thread count. A call expands n
+cache, its VocabTrim head where one is built for it), once per thread count. A call expands n
 sibling nodes over a 64-token context (`ModelDrafter.probe_batch`, the profile's own probe); the
 loads take turns call by call, so a busy minute hits them alike. Prints medians in ms, and the
 ratio of the first thread count's time to each other's (how much the second core buys).
