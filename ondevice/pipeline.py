@@ -22,7 +22,7 @@ from ondevice.catalog.hub import PairFiles
 from ondevice.decode.engine import SpecEngine
 from ondevice.decode.stats import Stats, Step
 from ondevice.errors import OndeviceError
-from ondevice.loading.drafter_room import DrafterChoice, best_measured
+from ondevice.loading.drafter_room import DrafterChoice, best_measured, measured_slower
 from ondevice.loading.memory import MemoryPlan
 from ondevice.loading.options import Answers, LoadOptions
 from ondevice.loading.pair import open_pair
@@ -69,17 +69,17 @@ class Pipeline:
 
     def _leave_out_drafter_measured_slower(self) -> None:
         """After an answer: a drafter kept (on a prediction, or on what earlier sessions measured) that
-        the planner now measures slower than the target alone without it is left out, as the next load
-        would leave it out: the models are loaded again, its RAM given to the target's layers. (What
-        was measured on code says little of chat, where drafts are accepted less often.)"""
+        the planner now measures slower than the target alone without it (`measured_slower`) is left
+        out: the models are loaded again, its RAM given to the target's layers. (What was measured on
+        code says little of chat, where drafts are accepted less often.)"""
         choice = self.drafter_choice
         if choice is None or not choice.keep or self.planner is None or self.reload is None:
             return
         measured = best_measured(self.planner.book)
-        if measured is None or measured > choice.without:
+        if measured is None or not measured_slower(measured, choice):
             return
         print(f"ondevice: speculation measured {measured:.2f} tok/s here, the target alone without the drafter "
-              f"{choice.without:.2f}: loading again without the drafter", file=sys.stderr)
+              f"{choice.without:.2f} ({choice.without_source}): loading again without the drafter", file=sys.stderr)
         self.close()
         lean = self.reload()
         for f in fields(Pipeline):

@@ -20,7 +20,9 @@ from ondevice.plan.arms import ArmBook, Tally, book_path, load_book, save_book
 from ondevice.plan.auto import regime_of
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import Curves, pass_sizes
-from ondevice.loading.drafter_room import MAX_TIMINGS, MEASURED_TOKENS, UNSURE, AlonePass, best_measured, choose_drafter
+from ondevice.loading.drafter_room import (
+    MAX_TIMINGS, MEASURED_TOKENS, UNSURE, AlonePass, DrafterChoice, best_measured, choose_drafter, measured_slower,
+)
 from ondevice.plan.profile import Profile
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET
 from ondevice.decode.protocols import FREE_TREE_NODES, DraftSpec
@@ -308,3 +310,11 @@ def test_a_target_that_does_not_nearly_fit_is_not_timed_left_to_the_kernel(tiny_
     monkeypatch.setattr(drafter_room, "time_plan", lambda lean: planned.append(lean.memory.steered) or timed(lean))
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=False) as pipe:
         assert planned == [True] and pipe.memory.steered
+
+
+def test_a_timed_target_alone_must_beat_measured_speculation_by_the_planners_distrust_mid_session():
+    timed = DrafterChoice(True, 5.0, 3.0, "predicted", "timed")
+    assert not measured_slower(2.5, timed)  # one timed pass promising 1.2x what the answers measured: kept
+    assert measured_slower(1.4, timed)  # below half the timed rate
+    measured = replace(timed, without_source="measured")
+    assert measured_slower(2.5, measured) and not measured_slower(3.1, measured)  # measured against measured: plainly

@@ -131,6 +131,18 @@ class DrafterChoice:
         return self.keep and not self.explore and self.without_source == "timed" and self.with_drafter < UNSURE * self.without
 
 
+def measured_slower(measured: float, choice: DrafterChoice) -> bool:
+    """Whether speculation measured at `measured` tok/s in this session is slower than the target alone
+    without the drafter, as `choice` knows it: against a rate the drafter-less regime measured, plainly;
+    against a timed pass, by the planner's distrust of a prediction (UNSURE): one pass timed in a fresh
+    process is not an answer (no rounds, no free drafts, no page cache shared with a drafter loaded
+    before), and it can promise far more than the answers after the reload deliver
+    (docs/measurements/2026-11-29-planner-at-0.9gb.md). The next load still compares the two as
+    `choose_drafter` does, and from then on what each regime measured decides."""
+    bar = choice.without if choice.without_source == "measured" else choice.without / UNSURE
+    return measured < bar
+
+
 def best_measured(book: ArmBook, min_tokens: float = MEASURED_TOKENS) -> float | None:
     """Tokens per second of the fastest arm the book measured enough of, or None."""
     rates = [t.tokens / t.seconds for t in book.arms.values() if t.tokens >= min_tokens and t.seconds > 0]
