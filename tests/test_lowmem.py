@@ -80,3 +80,16 @@ def test_a_dead_balloon_discards_the_run():
 def test_the_balloon_lets_go_by_itself():
     balloon = lowmem.start_balloon(16 * MiB, timeout_s=1)
     assert balloon.wait(timeout=30) == 0
+
+
+def test_a_model_file_the_command_names_outside_the_home_leaves_the_page_cache_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "models").mkdir(parents=True)
+    kept = tmp_path / "home" / "models" / "a.gguf"
+    own = tmp_path / "mine" / "b.gguf"
+    own.parent.mkdir()
+    kept.write_bytes(b"GGUF")
+    own.write_bytes(b"GGUF")
+    command = ["ondevice", "bench", "--target", str(own), f"--drafter={kept}", "--out", str(tmp_path / "x.json")]
+    assert lowmem.model_files(command) == [kept, own]  # each once; a path that is no GGUF file is not one
+    assert lowmem.model_files() == [kept]

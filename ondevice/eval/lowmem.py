@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 from ondevice.errors import OndeviceError
 from ondevice.machine import ram
@@ -109,9 +110,17 @@ def _keyed(path: Path) -> dict[str, int]:
         return {}
 
 
-def model_files() -> list[Path]:
-    """The GGUF files a command here may map: downloaded models and kept synthetic ones."""
-    return sorted((home() / "models").glob("*.gguf")) + sorted((home() / "synthetic" / "models").glob("*.gguf"))
+def model_files(command: Sequence[str] = ()) -> list[Path]:
+    """The GGUF files a command here may map: downloaded models, kept synthetic ones, and those the
+    command names (`--target FILE`, `--drafter=FILE`: a file of one's own outside the home)."""
+    found = sorted((home() / "models").glob("*.gguf")) + sorted((home() / "synthetic" / "models").glob("*.gguf"))
+    seen = {p.resolve() for p in found}
+    for arg in command:
+        path = Path(arg.split("=", 1)[-1])
+        if path.suffix == ".gguf" and path.is_file() and path.resolve() not in seen:
+            found.append(path)
+            seen.add(path.resolve())
+    return found
 
 
 def cached_bytes(path: Path) -> int:
@@ -216,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command to run after --")
     try:
         if args.cgroup:
-            rc, report = run_in_cgroup(command, parse_size(args.cgroup), [] if args.no_drop else model_files())
+            rc, report = run_in_cgroup(command, parse_size(args.cgroup), [] if args.no_drop else model_files(command))
         else:
             rc, report = run_with_balloon(command, parse_size(args.balloon), args.timeout)
     except OndeviceError as err:
