@@ -193,3 +193,15 @@ HELDOUT18_CHAT = [
     "What is the difference between weather and climate?",
     "Give me three tips for sleeping better after a long flight.",
 ]
+
+HELDOUT19_CODE = [  # written before the planner's outgrown-tree audits were measured at 0.9 GB
+    "Write a Python function that merges overlapping intervals given as a list of (start, end) pairs.",
+    "Write a TypeScript function that groups an array of objects by the value of a given key.",
+    "Write a C function that reverses a singly linked list in place and returns the new head.",
+]
+
+HELDOUT19_CHAT = [
+    "What are some good ways to learn to cook on a small budget?",
+    "Why does the moon look bigger near the horizon?",
+    "How should I prepare for a job interview at a small company?",
+]
