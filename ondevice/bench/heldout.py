@@ -194,7 +194,7 @@ HELDOUT18_CHAT = [
     "Give me three tips for sleeping better after a long flight.",
 ]
 
-HELDOUT19_CODE = [  # written before the planner's outgrown-tree audits were measured at 0.9 GB
+HELDOUT19_CODE = [  # written before the planner's choices under 0.9 GB were measured with them
     "Write a Python function that merges overlapping intervals given as a list of (start, end) pairs.",
     "Write a TypeScript function that groups an array of objects by the value of a given key.",
     "Write a C function that reverses a singly linked list in place and returns the new head.",
