@@ -205,3 +205,17 @@ HELDOUT19_CHAT = [
     "Why does the moon look bigger near the horizon?",
     "How should I prepare for a job interview at a small company?",
 ]
+
+HELDOUT20_CODE = [  # written before llama.cpp's repacked (AMX) layouts were measured with them
+    "Write a Python function that returns the k most frequent words in a text, ties broken alphabetically.",
+    "Write a Go function that checks whether a string of brackets ()[]{} is balanced.",
+    "Write a SQL query that finds the second highest salary in each department of an employees table.",
+    "Write a Rust function that parses a line of comma-separated integers into a Vec<i64>, returning an error on bad input.",
+]
+
+HELDOUT20_CHAT = [
+    "How can I keep houseplants alive while I am away for two weeks?",
+    "What is the difference between weather and climate?",
+    "Give me some tips for running my first 10 km race.",
+    "Why do cats purr?",
+]
