@@ -3,11 +3,10 @@
 Everything else in ondevice talks to llama.cpp through this file (the low-level ctypes API of
 llama-cpp-python). What it takes care of:
 
-- **Crash guard.** A native build on a CPU with AMX dies of SIGILL in `ggml_backend_amx_mul_mat` when
-  it multiplies a quantized matrix by more than one token: the compiler drops the tile shape from the
-  configuration it loads (llama.cpp's own open fix: ggml-org/llama.cpp#26954), and the first tile
-  instruction faults. Every load here turns off llama.cpp's extra weight buffer types
-  (`use_extra_bufts = False`) on such CPUs, which avoids the AMX path.
+- **Repacked weights where they run.** llama.cpp's faster CPU layouts (extra buffer types) are used
+  for weights held in RAM, except on a CPU with AMX where this build's AMX kernels crash (a GCC 12
+  build without the README's flags: machine/llama_repack.py); that is measured once per build of the
+  library and saved in the home.
 - **Clear errors.** A missing file, one that is not a GGUF, or one whose header or metadata would
   make llama.cpp abort (files/gguf_check.py) is an `OndeviceError` before llama.cpp sees it; a model
   or context llama.cpp refuses is one too.
@@ -35,7 +34,8 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_gguf_file
-from ondevice.files.gguf_header import OUTPUT_LAYER  # what layer_callback reports once the LM head has computed
+from ondevice.files.gguf_header import OUTPUT_LAYER, read_header  # OUTPUT_LAYER: what layer_callback reports once the LM head has computed
+from ondevice.machine import llama_repack
 from ondevice.machine.facts import default_threads
 
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
@@ -100,11 +100,21 @@ def cpu_has_amx() -> bool:
     return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
 
 
-@contextlib.contextmanager
-def amx_crash_guard():
-    """For llama-cpp-python's own `Llama()`, which builds its model parameters itself: llama.cpp's
-    repacking (extra buffer types) stays off on AMX CPUs, as in every load of ours."""
+def repack_runs(model: str | Path) -> bool:
+    """True if llama.cpp's repacked layouts run here: always on a CPU without AMX; with AMX, if they
+    ran `model` in a child process for this build of the library (machine/llama_repack.py)."""
     if not cpu_has_amx():
+        return True
+    types = {t.type_name for t in read_header(model).tensors.values()}
+    return llama_repack.runs_here(model, Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so", types)
+
+
+@contextlib.contextmanager
+def amx_crash_guard(model: str | Path | None = None):
+    """For llama-cpp-python's own `Llama()`, which builds its model parameters itself: llama.cpp's
+    repacking (extra buffer types) stays off on AMX CPUs unless it runs there with `model`
+    (`repack_runs`; no model: off on every AMX CPU, the weights left mapped from the file)."""
+    if not cpu_has_amx() or (model is not None and repack_runs(model)):
         yield
         return
     bindings = llama_cpp.llama_cpp  # the module whose global Llama.__init__ looks the function up in
@@ -172,7 +182,7 @@ def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int 
     params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
     params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if resident else llama_cpp.LLAMA_LOAD_MODE_MMAP
-    params.use_extra_bufts = repack and not cpu_has_amx()
+    params.use_extra_bufts = repack and repack_runs(path)
     if configure is not None:
         configure(params)
     handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)

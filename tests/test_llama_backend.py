@@ -1,4 +1,4 @@
-"""llama_backend: file checks, the AMX crash guard, quiet logging, decoding and KV-cache operations."""
+"""llama_backend: file checks, repacked layouts where they run, quiet logging, decoding and KV-cache operations."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run code in a fresh interpreter, so a segfault fails a test instead of killing pytest."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)  # the same llama_cpp as this process
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=300
     )
@@ -104,15 +105,18 @@ UNGUARDED = """
 
 
 @pytest.mark.real
-def test_without_the_guard_this_cpu_crashes(real_pair):
-    """Shows the guard is needed here: the default load dies on an 8-token batch with AMX (a segfault
-    on one Xeon, an illegal instruction on another, whose kernel does not grant the AMX tile state)."""
+def test_the_repack_verdict_matches_an_unguarded_load(real_pair, tmp_path, monkeypatch):
+    """On an AMX CPU the saved verdict (machine/llama_repack.py) says what llama.cpp's own default load
+    does with this build: an 8-token batch decodes, or the process dies (a segfault on one Xeon, an
+    illegal instruction on another) and every load of ours keeps the weights unrepacked."""
     if not lb.cpu_has_amx():
-        pytest.skip("this CPU has no AMX: the unguarded load does not crash here")
+        pytest.skip("this CPU has no AMX: repacked layouts are always used")
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     result = run_python(UNGUARDED.format(path=str(real_pair.drafter)), env={"GGML_NO_BACKTRACE": "1"})
-    assert result.returncode in (-signal.SIGSEGV, -signal.SIGILL), (
-        f"expected the unguarded AMX path to crash, got exit code {result.returncode}; is the guard still needed?"
-    )
+    if lb.repack_runs(real_pair.drafter):
+        assert result.returncode == 0 and "rc 0" in result.stdout, result.stderr[-2000:]
+    else:
+        assert result.returncode in (-signal.SIGSEGV, -signal.SIGILL), f"exit code {result.returncode}: the verdict is wrong"
 
 
 # --- logging ----------------------------------------------------------------------------------

@@ -182,7 +182,7 @@ def llama_cpp_greedy(path, prompt: list[int], n: int, logits_all: bool = False):
 
     from ondevice.llama_backend import amx_crash_guard
 
-    with amx_crash_guard():  # the weight layout ondevice's loads use on this CPU: the same kernels
+    with amx_crash_guard(path):  # the weight layout ondevice's loads use on this CPU: the same kernels
         llm = llama_cpp.Llama(str(path), n_ctx=512, n_threads=2, n_threads_batch=2, n_batch=512,
                               type_k=0, type_v=0, logits_all=logits_all, verbose=False)  # fmt: skip
     if logits_all:

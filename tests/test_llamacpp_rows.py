@@ -74,12 +74,14 @@ def test_the_rows_run_in_a_process_of_their_own_from_the_command_line(tmp_path, 
 
 
 def test_the_amx_guard_reaches_the_params_llama_loads_with(pair, monkeypatch):
-    """On an AMX CPU the baseline's Llama must load without llama.cpp's extra buffer types (their
-    repacked weights crash there, and copy the whole model into anonymous memory): the guard must
-    patch the function Llama.__init__ actually calls."""
+    """On an AMX CPU whose build's AMX kernels crash, the baseline's Llama must load without llama.cpp's
+    extra buffer types: the guard must patch the function Llama.__init__ actually calls; where they
+    run, Llama keeps its default."""
     monkeypatch.setattr(llama_backend, "cpu_has_amx", lambda: True)
-    llm = llamacpp_rows.load_llama(pair.target, 64, 1)
-    try:
-        assert llm.model_params.use_extra_bufts is False
-    finally:
-        llm.close()
+    for runs in (False, True):
+        monkeypatch.setattr(llama_backend, "repack_runs", lambda model: runs)
+        llm = llamacpp_rows.load_llama(pair.target, 64, 1)
+        try:
+            assert llm.model_params.use_extra_bufts is runs
+        finally:
+            llm.close()

@@ -2,5 +2,7 @@
 
 ram.py: the RAM this process may use (cgroup-aware), its peak and anonymous memory, disk reads;
 facts.py: CPU, SIMD, cores and threads, GPUs, the machine's fingerprint, and measured bandwidths
-(memory, PCIe, disk). Nothing here imports the rest of ondevice but sizes.py; decisions live in plan/.
+(memory, PCIe, disk); llama_repack.py: whether llama.cpp's repacked weight layouts run here (measured
+once per build, saved in the home). Nothing here imports the rest of ondevice but sizes.py and
+paths.py; decisions live in plan/.
 """
