@@ -4,9 +4,9 @@ Everything else in ondevice talks to llama.cpp through this file (the low-level 
 llama-cpp-python). What it takes care of:
 
 - **Repacked weights where they run.** llama.cpp's faster CPU layouts (extra buffer types) are used
-  for weights held in RAM, except on a CPU with AMX where this build's AMX kernels crash (a GCC 12
-  build without the README's flags: machine/llama_repack.py); that is measured once per build of the
-  library and saved in the home.
+  for weights held in RAM; on a CPU with AMX only with ONDEVICE_AMX=1 and where this build's AMX
+  kernels run (a GCC 12 build without the README's flags crashes: machine/llama_repack.py, measured
+  once per build and saved in the home).
 - **Clear errors.** A missing file, one that is not a GGUF, or one whose header or metadata would
   make llama.cpp abort (files/gguf_check.py) is an `OndeviceError` before llama.cpp sees it; a model
   or context llama.cpp refuses is one too.
@@ -101,10 +101,15 @@ def cpu_has_amx() -> bool:
 
 
 def repack_runs(model: str | Path) -> bool:
-    """True if llama.cpp's repacked layouts run here: always on a CPU without AMX; with AMX, if they
-    ran `model` in a child process for this build of the library (machine/llama_repack.py)."""
+    """True if llama.cpp's repacked layouts are used here: always on a CPU without AMX; with AMX, only
+    where the user asks (ONDEVICE_AMX=1) and they ran `model` in a child process for this build of the
+    library (machine/llama_repack.py). Not by default: llama.cpp loads a thread's AMX tile configuration
+    once and trusts it from then on, and in a process where torch and ONNX Runtime had also run on the
+    same threads (the test suite), a later llama.cpp pass died of an illegal instruction."""
     if not cpu_has_amx():
         return True
+    if os.environ.get("ONDEVICE_AMX", "") in ("", "0"):
+        return False
     types = {t.type_name for t in read_header(model).tensors.values()}
     return llama_repack.runs_here(model, Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so", types)
 

@@ -112,6 +112,7 @@ def test_the_repack_verdict_matches_an_unguarded_load(real_pair, tmp_path, monke
     if not lb.cpu_has_amx():
         pytest.skip("this CPU has no AMX: repacked layouts are always used")
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    monkeypatch.setenv("ONDEVICE_AMX", "1")  # asked for: the verdict decides
     result = run_python(UNGUARDED.format(path=str(real_pair.drafter)), env={"GGML_NO_BACKTRACE": "1"})
     if lb.repack_runs(real_pair.drafter):
         assert result.returncode == 0 and "rc 0" in result.stdout, result.stderr[-2000:]

@@ -69,6 +69,9 @@ def test_loads_repack_only_where_the_verdict_allows(home, tiny, monkeypatch):
     monkeypatch.setattr(lb, "cpu_has_amx", lambda: False)
     assert lb.repack_runs(tiny) and not (home / "machine").exists()  # no AMX: nothing to probe
     monkeypatch.setattr(lb, "cpu_has_amx", lambda: True)
+    monkeypatch.delenv("ONDEVICE_AMX", raising=False)
+    assert not lb.repack_runs(tiny) and not (home / "machine").exists()  # AMX, not asked for: no probe
+    monkeypatch.setenv("ONDEVICE_AMX", "1")
     identity = llama_repack.library_identity(LIBRARY)
     (home / "machine").mkdir(parents=True)
     (home / "machine" / llama_repack.SAVED).write_text(json.dumps({"library": identity, "runs": {"Q8_0": False}}))

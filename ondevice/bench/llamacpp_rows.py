@@ -9,10 +9,10 @@ tokens after the first (its own prefill is excluded, as in ondevice's rows) and 
 so the bench can say whether each answer equals ondevice's target alone.
 
 The `Llama` target is loaded as llama-cpp-python loads it by default (memory-mapped, llama.cpp's
-weight repacking on), except that on CPUs with AMX repacking stays off where this build's AMX kernels
-crash (llama_backend.repack_runs) or where a repacked copy would not fit beside the file's pages
-(llama_repack.fits_twice: under a memory limit, where the default load is OOM-killed); the drafter is
-memory-mapped too. With a draft model it keeps logits for every token of a batch, so its batch is
+weight repacking on), except that on CPUs with AMX repacking stays off unless ondevice's loads use it
+too (llama_backend.repack_runs: ONDEVICE_AMX=1 and a build whose AMX kernels run) and a repacked copy
+fits beside the file's pages (llama_repack.fits_twice: under a memory limit the default load is
+OOM-killed); the drafter is memory-mapped too. With a draft model it keeps logits for every token of a batch, so its batch is
 capped at 64 tokens (a 512-token batch's logits alone take 600 MB).
 
 Under a memory limit, run the rows in a process of their own, as a llama.cpp user would:
