@@ -3,10 +3,8 @@
 Everything else in ondevice talks to llama.cpp through this file (the low-level ctypes API of
 llama-cpp-python). What it takes care of:
 
-- **Repacked weights where they run.** llama.cpp's faster CPU layouts (extra buffer types) are used
-  for weights held in RAM; on a CPU with AMX only with ONDEVICE_AMX=1 and where this build's AMX
-  kernels run (a GCC 12 build without the README's flags crashes: machine/llama_repack.py, measured
-  once per build and saved in the home).
+- **Repacked weights where they run.** llama.cpp's faster CPU layouts (extra buffer types) for weights
+  held in RAM; on a CPU with AMX only with ONDEVICE_AMX=1 and a build whose AMX kernels run (`repack_runs`).
 - **Clear errors.** A missing file, one that is not a GGUF, or one whose header or metadata would
   make llama.cpp abort (files/gguf_check.py) is an `OndeviceError` before llama.cpp sees it; a model
   or context llama.cpp refuses is one too.
@@ -101,11 +99,8 @@ def cpu_has_amx() -> bool:
 
 
 def repack_runs(model: str | Path) -> bool:
-    """True if llama.cpp's repacked layouts are used here: always on a CPU without AMX; with AMX, only
-    where the user asks (ONDEVICE_AMX=1) and they ran `model` in a child process for this build of the
-    library (machine/llama_repack.py). Not by default: llama.cpp loads a thread's AMX tile configuration
-    once and trusts it from then on, and in a process where torch and ONNX Runtime had also run on the
-    same threads (the test suite), a later llama.cpp pass died of an illegal instruction."""
+    """True if llama.cpp's repacked layouts are used here: always on a CPU without AMX; with AMX, only with
+    ONDEVICE_AMX=1 and where this build runs them with `model` (machine/llama_repack.py says why)."""
     if not cpu_has_amx():
         return True
     if os.environ.get("ONDEVICE_AMX", "") in ("", "0"):

@@ -10,8 +10,12 @@ llama.cpp with `-fno-tree-dse -fno-dse`, which keeps those stores; a wheel built
 cache of an earlier install) still crashes. So on a CPU with AMX a child process loads a model with
 the repacked layouts and decodes a batch of 8 tokens: it exits cleanly where they run and dies of an
 illegal instruction or a segfault where they do not. The verdict is saved in the home per build of
-the library and set of weight types (`runs_here`). It is asked only where the user turns the AMX
-kernels on (ONDEVICE_AMX=1: llama_backend.repack_runs).
+the library and set of weight types (`runs_here`).
+
+It is asked only where the user turns the AMX kernels on (ONDEVICE_AMX=1: llama_backend.repack_runs).
+Not by default: llama.cpp loads a thread's tile configuration once and trusts it from then on, and in
+a process where torch and ONNX Runtime had also run (the test suite), a later llama.cpp pass died of
+an illegal instruction.
 """
 
 from __future__ import annotations
