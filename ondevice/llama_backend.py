@@ -36,6 +36,7 @@ from ondevice.files.gguf_header import OUTPUT_LAYER, read_header  # OUTPUT_LAYER
 from ondevice.machine import llama_repack
 from ondevice.machine.facts import default_threads
 
+LIB_DIR = Path(llama_cpp.__file__).parent / "lib"  # llama-cpp-python's shared libraries (libggml-*.so, libllama.so)
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
 LLAMA_MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX_SEQ (256)
 
@@ -106,7 +107,7 @@ def repack_runs(model: str | Path) -> bool:
     if os.environ.get("ONDEVICE_AMX", "") in ("", "0"):
         return False
     types = {t.type_name for t in read_header(model).tensors.values()}
-    return llama_repack.runs_here(model, Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so", types)
+    return llama_repack.runs_here(model, LIB_DIR / "libggml-cpu.so", types)
 
 
 @contextlib.contextmanager
@@ -135,7 +136,7 @@ def amx_crash_guard(model: str | Path | None = None):
 @functools.cache
 def _ggml_get_name():
     """ggml's tensor-name getter (libggml-base, shipped beside llama-cpp-python's libllama)."""
-    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib = ctypes.CDLL(str(LIB_DIR / "libggml-base.so"))
     lib.ggml_get_name.restype = ctypes.c_char_p
     lib.ggml_get_name.argtypes = [ctypes.c_void_p]
     return lib.ggml_get_name

@@ -12,7 +12,7 @@ from ondevice import llama_backend as lb
 from ondevice.machine import llama_repack
 from tiny_models import write_tiny_gguf
 
-LIBRARY = Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"
+LIBRARY = lb.LIB_DIR / "libggml-cpu.so"
 
 
 @pytest.fixture()
