@@ -4,7 +4,9 @@ Everything else in ondevice talks to llama.cpp through this file (the low-level 
 llama-cpp-python). What it takes care of:
 
 - **Repacked weights where they run.** llama.cpp's faster CPU layouts (extra buffer types) for weights
-  held in RAM; on a CPU with AMX only with ONDEVICE_AMX=1 and a build whose AMX kernels run (`repack_runs`).
+  held in RAM; on a CPU with AMX only with ONDEVICE_AMX=1 and a build whose AMX kernels run
+  (machine/llama_repack.py). A context whose model computes with the AMX kernels decodes on a thread
+  of its own (`LlamaContext._on_own_thread`).
 - **Clear errors.** A missing file, one that is not a GGUF, or one whose header or metadata would
   make llama.cpp abort (files/gguf_check.py) is an `OndeviceError` before llama.cpp sees it; a model
   or context llama.cpp refuses is one too.
@@ -24,6 +26,8 @@ import ctypes
 import functools
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from typing import Sequence
 
@@ -32,11 +36,9 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_gguf_file
-from ondevice.files.gguf_header import OUTPUT_LAYER, read_header  # OUTPUT_LAYER: what layer_callback reports once the LM head has computed
-from ondevice.machine import llama_repack
+from ondevice.files.gguf_header import OUTPUT_LAYER  # what layer_callback reports once the LM head has computed
 from ondevice.machine.facts import default_threads
-
-LIB_DIR = Path(llama_cpp.__file__).parent / "lib"  # llama-cpp-python's shared libraries (libggml-*.so, libllama.so)
+from ondevice.machine.llama_repack import LIB_DIR, cpu_has_amx, repack_runs
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
 LLAMA_MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX_SEQ (256)
 
@@ -84,53 +86,7 @@ def _backend_ready() -> bool:
     return True
 
 
-# --- machine and file checks ------------------------------------------------------------------
-
-
-@functools.cache
-def cpu_has_amx() -> bool:
-    """True if this CPU reports AMX (Linux /proc/cpuinfo flags) or llama.cpp was built with AMX."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace")
-        if any(f in flags.split() for f in ("amx_tile", "amx_int8", "amx_bf16")):
-            return True
-    except OSError:
-        pass
-    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
-
-
-def repack_runs(model: str | Path) -> bool:
-    """True if llama.cpp's repacked layouts are used here: always on a CPU without AMX; with AMX, only with
-    ONDEVICE_AMX=1 and where this build runs them with `model` (machine/llama_repack.py says why)."""
-    if not cpu_has_amx():
-        return True
-    if os.environ.get("ONDEVICE_AMX", "") in ("", "0"):
-        return False
-    types = {t.type_name for t in read_header(model).tensors.values()}
-    return llama_repack.runs_here(model, LIB_DIR / "libggml-cpu.so", types)
-
-
-@contextlib.contextmanager
-def amx_crash_guard(model: str | Path | None = None):
-    """For llama-cpp-python's own `Llama()`, which builds its model parameters itself: llama.cpp's
-    repacking (extra buffer types) stays off on AMX CPUs unless it runs there with `model`
-    (`repack_runs`; no model: off on every AMX CPU, the weights left mapped from the file)."""
-    if not cpu_has_amx() or (model is not None and repack_runs(model)):
-        yield
-        return
-    bindings = llama_cpp.llama_cpp  # the module whose global Llama.__init__ looks the function up in
-    original = bindings.llama_model_default_params
-
-    def guarded():
-        params = original()
-        params.use_extra_bufts = False
-        return params
-
-    bindings.llama_model_default_params = guarded
-    try:
-        yield
-    finally:
-        bindings.llama_model_default_params = original
+# --- layer callbacks --------------------------------------------------------------------------
 
 
 @functools.cache
@@ -199,6 +155,7 @@ class LlamaModel:
         self.path = Path(path)
         self.resident, self.repack = resident, repack
         self.handle = load_model(path, n_gpu_layers=n_gpu_layers, resident=resident, repack=repack, configure=configure)
+        self.tile_kernels = repack and cpu_has_amx() and repack_runs(path)  # llama.cpp's AMX kernels compute with it
         vocab = llama_cpp.llama_model_get_vocab(self.handle)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self.handle))
@@ -289,6 +246,10 @@ class LlamaContext:
         if eval_callback is not None:  # e.g. layer_callback(...): kept alive with the context
             params.cb_eval, params.cb_eval_user_data = eval_callback, None
         self._eval_callback = eval_callback
+        # llama.cpp's AMX kernels load a thread's tile configuration once and trust it from then on, while
+        # other AMX users (torch's bfloat16 matmuls) release it when they are done: the next AMX pass on
+        # that thread dies of an illegal instruction. So such a context decodes on a thread of its own.
+        self._tile_thread = ThreadPoolExecutor(1, thread_name_prefix="llama-amx") if model.tile_kernels else None
         self.handle = llama_cpp.llama_init_from_model(model.handle, params)
         if not self.handle:
             raise OndeviceError(
@@ -333,7 +294,7 @@ class LlamaContext:
         b.pos[:n] = positions
         b.logits[:n] = outputs
         self._fill_seq_ids(seq_ids, n)
-        rc = llama_cpp.llama_decode(self.handle, b.as_llama_batch(n, embeddings is not None))
+        rc = self._on_own_thread(llama_cpp.llama_decode, self.handle, b.as_llama_batch(n, embeddings is not None))
         if rc == 1:
             raise OndeviceError(
                 f"the llama.cpp context of {self.model.path.name} is full ({self.n_ctx} cells); "
@@ -398,7 +359,23 @@ class LlamaContext:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
 
+    def _on_own_thread(self, call, *args):
+        """call(*args) on this context's own thread where it has one (AMX kernels), else on this one. That
+        thread keeps the priority it started with (overlap.idle_priority does not reach it)."""
+        if self._tile_thread is None:
+            return call(*args)
+        future = self._tile_thread.submit(call, *args)
+        try:
+            return future.result()
+        except BaseException:  # Ctrl-C while waiting: the call must end before the context is touched again
+            while not future.done():
+                with contextlib.suppress(KeyboardInterrupt):
+                    futures_wait([future])
+            raise
+
     def close(self) -> None:
+        if getattr(self, "_tile_thread", None) is not None:
+            self._tile_thread.shutdown()
         if getattr(self, "handle", None):
             llama_cpp.llama_free(self.handle)
             self.handle = None

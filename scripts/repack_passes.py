@@ -1,5 +1,5 @@
 """Milliseconds per llama.cpp pass of 1 to 17 tokens in RAM, with llama.cpp's repacked weight layouts
-(where this build runs them: llama_backend.repack_runs) or with the weights as the file stores them.
+(where this build runs them: machine/llama_repack.repack_runs) or with the weights as the file stores them.
 
     python scripts/repack_passes.py MODEL.gguf [--layout repacked|file] [--repeats 9] [--threads 2]
 
@@ -17,6 +17,7 @@ import time
 import llama_cpp
 
 from ondevice import llama_backend as lb
+from ondevice.machine import llama_repack
 
 PROMPT = 200
 NODES = (1, 2, 4, 9, 17)
@@ -47,7 +48,7 @@ def main() -> None:
     start = time.perf_counter()
     ctx.decode(list(range(100, 100 + PROMPT)), list(range(PROMPT)), [0] * PROMPT, [False] * (PROMPT - 1) + [True])
     prefill = time.perf_counter() - start
-    used = "repacked" if repack and lb.repack_runs(args.model) else "file"
+    used = "repacked" if repack and llama_repack.repack_runs(args.model) else "file"
     passes = " ".join(f"{n}:{pass_ms(ctx, n, args.repeats):.1f}" for n in NODES)
     print(f"{model.path.name} layout={used} load {load:.2f}s prefill{PROMPT} {prefill * 1000:.0f}ms ms/pass {passes}", flush=True)
     ctx.close()

@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 import pytest
 
 from ondevice import llama_backend as lb
+from ondevice.machine import llama_repack
 from ondevice.errors import OndeviceError
 from tiny_models import write_tiny_gguf
 
@@ -69,7 +72,7 @@ def test_bad_context_settings_are_errors(tiny_gguf):
 def test_amx_detection_matches_cpu_flags():
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     if any(f.startswith("amx") for f in flags):
-        assert lb.cpu_has_amx()
+        assert llama_repack.cpu_has_amx()
 
 
 DECODE_EIGHT_TOKENS = """
@@ -109,15 +112,72 @@ def test_the_repack_verdict_matches_an_unguarded_load(real_pair, tmp_path, monke
     """On an AMX CPU the saved verdict (machine/llama_repack.py) says what llama.cpp's own default load
     does with this build: an 8-token batch decodes, or the process dies (a segfault on one Xeon, an
     illegal instruction on another) and every load of ours keeps the weights unrepacked."""
-    if not lb.cpu_has_amx():
+    if not llama_repack.cpu_has_amx():
         pytest.skip("this CPU has no AMX: repacked layouts are always used")
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     monkeypatch.setenv("ONDEVICE_AMX", "1")  # asked for: the verdict decides
     result = run_python(UNGUARDED.format(path=str(real_pair.drafter)), env={"GGML_NO_BACKTRACE": "1"})
-    if lb.repack_runs(real_pair.drafter):
+    if llama_repack.repack_runs(real_pair.drafter):
         assert result.returncode == 0 and "rc 0" in result.stdout, result.stderr[-2000:]
     else:
         assert result.returncode in (-signal.SIGSEGV, -signal.SIGILL), f"exit code {result.returncode}: the verdict is wrong"
+
+
+AMX_AFTER_TORCH = """
+    import sys
+    import numpy as np
+    import torch
+    from ondevice import llama_backend as lb
+
+    model = lb.LlamaModel({path!r}, resident=True)
+    if not model.tile_kernels:
+        sys.exit("no AMX kernels")
+    ctx = lb.LlamaContext(model, n_ctx=256, n_seq_max=2, threads=2)
+
+    def nine_tokens():
+        logits = np.array(ctx.decode(list(range(100, 109)), list(range(9)), [0] * 9, [True] * 9))
+        ctx.seq_rm(0)
+        return logits
+
+    before = nine_tokens()
+    x = torch.randn(256, 1024, dtype=torch.bfloat16)
+    for _ in range(3):
+        x @ x.T  # oneDNN's AMX kernels, which release this thread's tile configuration when done
+    print("same logits", np.array_equal(before, nine_tokens()))
+"""
+
+
+@pytest.mark.real
+def test_amx_passes_survive_torch_amx_work_in_the_same_process(real_pair, tmp_path):
+    """torch's bfloat16 matmuls release the calling thread's tile configuration; llama.cpp would trust
+    its own, loaded once, and die of an illegal instruction at its next AMX pass on that thread."""
+    if not llama_repack.cpu_has_amx():
+        pytest.skip("this CPU has no AMX")
+    env = {"ONDEVICE_HOME": str(tmp_path), "ONDEVICE_AMX": "1", "GGML_NO_BACKTRACE": "1"}
+    result = run_python(AMX_AFTER_TORCH.format(path=str(real_pair.target)), env=env)
+    if "no AMX kernels" in result.stderr:
+        pytest.skip("this build of llama.cpp does not run its AMX kernels (machine/llama_repack.py)")
+    assert result.returncode == 0, f"exit code {result.returncode}: {result.stderr[-2000:]}"
+    assert "same logits True" in result.stdout
+
+
+def test_a_context_on_amx_kernels_decodes_on_a_thread_of_its_own(tiny_gguf, monkeypatch):
+    model = lb.LlamaModel(tiny_gguf)
+    plain = lb.LlamaContext(model, n_ctx=64, threads=1)
+    model.tile_kernels = True  # as on an AMX CPU whose kernels run (the tiny model's f32 weights use none)
+    own = lb.LlamaContext(model, n_ctx=64, threads=1)
+    threads = []
+    decode = llama_cpp.llama_decode
+    monkeypatch.setattr(llama_cpp, "llama_decode", lambda *args: threads.append(threading.current_thread().name) or decode(*args))
+    tokens = [1, 5, 9, 3]
+    expected = np.array(plain.decode(tokens, range(4), [0] * 4, [True] * 4))
+    assert np.array_equal(own.decode(tokens, range(4), [0] * 4, [True] * 4), expected)
+    assert threads[0] == threading.current_thread().name and threads[1].startswith("llama-amx")
+    monkeypatch.setattr(llama_cpp, "llama_decode", lambda *args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # what the call raises on its thread reaches the caller
+        own.decode(tokens, range(4, 8), [0] * 4, [True] * 4)
+    own.close()
+    assert own._tile_thread._shutdown
 
 
 # --- logging ----------------------------------------------------------------------------------

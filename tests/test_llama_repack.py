@@ -8,11 +8,10 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from ondevice import llama_backend as lb
 from ondevice.machine import llama_repack
 from tiny_models import write_tiny_gguf
 
-LIBRARY = lb.LIB_DIR / "libggml-cpu.so"
+LIBRARY = llama_repack.LIB_DIR / "libggml-cpu.so"
 
 
 @pytest.fixture()
@@ -66,22 +65,22 @@ def test_one_crash_condemns_the_build_and_a_new_build_is_probed_again(home, tiny
 
 
 def test_loads_repack_only_where_the_verdict_allows(home, tiny, monkeypatch):
-    monkeypatch.setattr(lb, "cpu_has_amx", lambda: False)
-    assert lb.repack_runs(tiny) and not (home / "machine").exists()  # no AMX: nothing to probe
-    monkeypatch.setattr(lb, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(llama_repack, "cpu_has_amx", lambda: False)
+    assert llama_repack.repack_runs(tiny) and not (home / "machine").exists()  # no AMX: nothing to probe
+    monkeypatch.setattr(llama_repack, "cpu_has_amx", lambda: True)
     monkeypatch.delenv("ONDEVICE_AMX", raising=False)
-    assert not lb.repack_runs(tiny) and not (home / "machine").exists()  # AMX, not asked for: no probe
+    assert not llama_repack.repack_runs(tiny) and not (home / "machine").exists()  # AMX, not asked for: no probe
     monkeypatch.setenv("ONDEVICE_AMX", "1")
     identity = llama_repack.library_identity(LIBRARY)
     (home / "machine").mkdir(parents=True)
     (home / "machine" / llama_repack.SAVED).write_text(json.dumps({"library": identity, "runs": {"Q8_0": False}}))
-    assert not lb.repack_runs(tiny)
-    with lb.amx_crash_guard(tiny):
+    assert not llama_repack.repack_runs(tiny)
+    with llama_repack.weight_layout_guard(tiny):
         assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is False
     llama_repack._verdicts.clear()
     (home / "machine" / llama_repack.SAVED).unlink()
-    assert lb.repack_runs(tiny)  # the tiny model's f32 weights run
-    with lb.amx_crash_guard(tiny):
+    assert llama_repack.repack_runs(tiny)  # the tiny model's f32 weights run
+    with llama_repack.weight_layout_guard(tiny):
         assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is True
 
 

@@ -12,8 +12,8 @@ import pytest
 from ondevice.decode.engine import SpecEngine
 from ondevice.decode.stats import collect
 from ondevice.errors import OndeviceError
-from ondevice import llama_backend
 from ondevice.bench import llamacpp_rows
+from ondevice.machine import llama_repack
 from ondevice.eval import llamacpp_rows as rows_script
 from ondevice.targets.llama_target import LlamaTarget
 from ondevice.catalog.choose import choose
@@ -77,9 +77,9 @@ def test_the_amx_guard_reaches_the_params_llama_loads_with(pair, monkeypatch):
     """On an AMX CPU whose build's AMX kernels crash, the baseline's Llama must load without llama.cpp's
     extra buffer types: the guard must patch the function Llama.__init__ actually calls; where they
     run, Llama keeps its default."""
-    monkeypatch.setattr(llama_backend, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(llama_repack, "cpu_has_amx", lambda: True)
     for runs in (False, True):
-        monkeypatch.setattr(llama_backend, "repack_runs", lambda model: runs)
+        monkeypatch.setattr(llama_repack, "repack_runs", lambda model: runs)
         llm = llamacpp_rows.load_llama(pair.target, 64, 1)
         try:
             assert llm.model_params.use_extra_bufts is runs

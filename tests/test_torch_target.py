@@ -46,9 +46,9 @@ def llama_cpp_logits(gguf_path, tokens) -> np.ndarray:
     """(len(tokens), vocab) logits of llama.cpp evaluating tokens as one plain causal sequence."""
     import llama_cpp
 
-    from ondevice.llama_backend import amx_crash_guard
+    from ondevice.machine.llama_repack import weight_layout_guard
 
-    with amx_crash_guard():  # llama.cpp's repacked weights die of an illegal instruction on AMX CPUs here
+    with weight_layout_guard():  # on AMX CPUs the weights as the file stores them: torch runs in this process too
         llm = llama_cpp.Llama(
             str(gguf_path), n_ctx=256, logits_all=True, flash_attn=False, n_threads=2, verbose=False,
             type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,

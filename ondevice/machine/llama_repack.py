@@ -12,14 +12,17 @@ the repacked layouts and decodes a batch of 8 tokens: it exits cleanly where the
 illegal instruction or a segfault where they do not. The verdict is saved in the home per build of
 the library and set of weight types (`runs_here`).
 
-It is asked only where the user turns the AMX kernels on (ONDEVICE_AMX=1: llama_backend.repack_runs).
-Not by default: llama.cpp loads a thread's tile configuration once and trusts it from then on, and in
-a process where torch and ONNX Runtime had also run (the test suite), a later llama.cpp pass died of
-an illegal instruction.
+It is asked only where the user turns the AMX kernels on (ONDEVICE_AMX=1: `repack_runs`); off by
+default because no answer in RAM got faster with them while the repacked copies cost memory
+(docs/measurements). llama.cpp loads a thread's tile configuration once and trusts it from then on,
+so a context whose model uses them decodes on a thread of its own (llama_backend.LlamaContext): torch's
+bfloat16 matmuls release the calling thread's configuration, and the next AMX pass there would die.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -29,9 +32,13 @@ import textwrap
 from pathlib import Path
 from typing import Iterable
 
+import llama_cpp
+
+from ondevice.files.gguf_header import read_header
 from ondevice.machine.ram import anon_rss, ram_budget
 from ondevice.paths import read_state, state_file, write_json
 
+LIB_DIR = Path(llama_cpp.__file__).parent / "lib"  # llama-cpp-python's shared libraries (libggml-*.so, libllama.so)
 SAVED = "llama-repack.json"  # in the home's machine/ folder
 PROBE_SECONDS = 300  # a child that takes longer (a very large model on a slow disk) tells nothing
 PROBE_MARGIN = 512 << 20  # the child's interpreter, llama.cpp and its buffers, and room to spare
@@ -118,3 +125,51 @@ def runs_here(model: str | Path, library: str | Path, types: Iterable[str]) -> b
                 verdicts[key] = verdict
                 write_json(saved, {"library": identity, "runs": verdicts})
     return _verdicts[memo]
+
+
+@functools.cache
+def cpu_has_amx() -> bool:
+    """True if this CPU reports AMX (Linux /proc/cpuinfo flags) or llama.cpp was built with AMX."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+        if any(f in flags.split() for f in ("amx_tile", "amx_int8", "amx_bf16")):
+            return True
+    except OSError:
+        pass
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+
+
+def repack_runs(model: str | Path) -> bool:
+    """True if llama.cpp's repacked layouts are used here: always on a CPU without AMX; with AMX, only with
+    ONDEVICE_AMX=1 and where this build runs them with `model` (this module says why)."""
+    if not cpu_has_amx():
+        return True
+    if os.environ.get("ONDEVICE_AMX", "") in ("", "0"):
+        return False
+    types = {t.type_name for t in read_header(model).tensors.values()}
+    return runs_here(model, LIB_DIR / "libggml-cpu.so", types)
+
+
+@contextlib.contextmanager
+def weight_layout_guard(model: str | Path | None = None):
+    """For llama-cpp-python's own `Llama()`, which builds its model parameters itself: the weight layout
+    ondevice's loads use here. llama.cpp's repacking (extra buffer types) stays off on AMX CPUs unless
+    it runs there with `model` (`repack_runs`; no model: off on every AMX CPU, the weights left mapped
+    from the file). `Llama()` decodes on its caller's thread: give a model only where no other AMX
+    code (torch's bfloat16 work) runs on that thread."""
+    if not cpu_has_amx() or (model is not None and repack_runs(model)):
+        yield
+        return
+    bindings = llama_cpp.llama_cpp  # the module whose global Llama.__init__ looks the function up in
+    original = bindings.llama_model_default_params
+
+    def guarded():
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    bindings.llama_model_default_params = guarded
+    try:
+        yield
+    finally:
+        bindings.llama_model_default_params = original

@@ -23,7 +23,7 @@ from pathlib import Path
 import llama_cpp
 
 from ondevice.errors import OndeviceError
-from ondevice.llama_backend import LIB_DIR
+from ondevice.machine.llama_repack import LIB_DIR
 RPC_LIB = LIB_DIR / "libggml-rpc.so"  # built with -DGGML_RPC=ON
 RPC_PROTO_MAJOR = 7  # ggml-rpc.h of the pinned llama.cpp: a worker must speak the same major version
 CMD_HELLO = 14
