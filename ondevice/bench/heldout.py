@@ -219,3 +219,17 @@ HELDOUT20_CHAT = [
     "Give me some tips for running my first 10 km race.",
     "Why do cats purr?",
 ]
+
+HELDOUT21_CODE = [  # written before the AMX kernels ran on threads of their own
+    "Write a Python function that flattens an arbitrarily nested list of integers.",
+    "Write a JavaScript function that debounces another function by a given number of milliseconds.",
+    "Write a C function that reverses a singly linked list in place and returns the new head.",
+    "Write a Python class for an LRU cache with get and put in O(1) time.",
+]
+
+HELDOUT21_CHAT = [
+    "What should I pack for a three-day hiking trip in autumn?",
+    "Why is the sky blue during the day and red at sunset?",
+    "How do I politely decline an invitation to a party?",
+    "What are the benefits of learning a second language as an adult?",
+]
