@@ -233,3 +233,17 @@ HELDOUT21_CHAT = [
     "How do I politely decline an invitation to a party?",
     "What are the benefits of learning a second language as an adult?",
 ]
+
+HELDOUT22_CODE = [  # written before fixed trees were timed against the planner on them
+    "Write a Python function that converts a Roman numeral string to an integer.",
+    "Write a TypeScript function that groups an array of objects by the value of a given key.",
+    "Write a Bash script that prints the ten largest files under a directory.",
+    "Write a Java method that checks whether two strings are anagrams of each other.",
+]
+
+HELDOUT22_CHAT = [
+    "How can I sleep better when I share a room with someone who snores?",
+    "What is the difference between a virus and a bacterium?",
+    "Give me a few ideas for a cheap weekend trip with friends.",
+    "Why do leaves change colour in autumn?",
+]
