@@ -19,6 +19,7 @@ import pytest
 
 from ondevice.loading.memory import MARGIN, ModelSize, plan_memory
 from ondevice.machine.ram import RamBudget
+from ondevice.sizes import format_bytes
 from ondevice.synthetic.quant_mix import preset_size
 from ondevice.synthetic.shapes import PRESETS, ModelShape
 from ondevice.synthetic.writer import write_synthetic_gguf
@@ -90,3 +91,26 @@ def test_a_pair_not_downloaded_keeps_layers_cached(tmp_path, monkeypatch):
     assert room - (WINDOW_AHEAD + 1) * max(target.layer_bytes) - max(target.layer_bytes) <= cached <= room
     place = re.fullmatch(r"streams from disk, ([\d.]+) GB per pass", target_place(pair, budget))
     assert place and float(place[1]) * 1e9 < 0.75 * target.file_bytes  # ~20 GB per pass, not 42
+
+
+def test_a_target_whose_every_layer_is_kept_is_not_said_to_stream(tmp_path, monkeypatch):
+    """Just too big for RAM beside its drafter and buffers, the plan streams it but keeps every layer
+    and the LM head cached: nothing is read per pass, and the listing must not say it streams."""
+    from ondevice.catalog.pairs import load_pair
+    from ondevice.cli.placement_view import model_size, target_place
+
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))  # nothing downloaded
+    pair = load_pair("qwen3-32b")
+    target, drafter = model_size(pair.target), model_size(pair.drafter)
+    in_ram = plan_memory(target, drafter, budget=RamBudget(64 << 30, "test"), ahead=WINDOW_AHEAD)
+    for extra in range(0, 4 << 30, 64 << 20):  # the largest budget below what the target needs in RAM
+        budget = RamBudget(target.file_bytes + in_ram.resident_bytes - extra, "test")
+        plan = plan_memory(target, drafter, budget=budget, ahead=WINDOW_AHEAD)
+        if plan.streams:
+            break
+    assert plan.streams and plan.bytes_read_per_pass == 0
+    assert target_place(pair, budget) == "fits in RAM, mapped (nothing read per pass)"
+    while plan.bytes_read_per_pass == 0:  # less room: the first layers that no longer fit stream
+        budget = RamBudget(budget.bytes - (64 << 20), "test")
+        plan = plan_memory(target, drafter, budget=budget, ahead=WINDOW_AHEAD)
+    assert target_place(pair, budget) == f"streams from disk, {format_bytes(plan.bytes_read_per_pass)} per pass"

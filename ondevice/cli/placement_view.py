@@ -35,6 +35,8 @@ def place(target: ModelSize, drafter: ModelSize | None, budget: RamBudget | None
     plan = plan_memory(target, drafter, n_ctx=n_ctx, budget=budget, ahead=WINDOW_AHEAD, tree_nodes=tree_nodes)  # as the loader plans it
     if plan.target_in_ram:
         return "fits in RAM"
+    if plan.bytes_read_per_pass == 0:  # every layer kept: read once, then held in the page cache
+        return "fits in RAM, mapped (nothing read per pass)"
     over = " (over budget: heavy paging)" if plan.cache_room < plan.target.streamed_window else ""
     return f"streams from disk, {format_bytes(plan.bytes_read_per_pass)} per pass{over}"
 
