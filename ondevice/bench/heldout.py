@@ -247,3 +247,17 @@ HELDOUT22_CHAT = [
     "Give me a few ideas for a cheap weekend trip with friends.",
     "Why do leaves change colour in autumn?",
 ]
+
+HELDOUT23_CODE = [  # written before the default was measured with them under 1.2 GB
+    "Write a Python function that returns all permutations of a list without using itertools.",
+    "Write a Go function that reads a file line by line and counts the lines that contain a given word.",
+    "Write a SQL query that lists customers who placed no orders in the last 90 days.",
+    "Write a C++ function that rotates a square matrix by 90 degrees clockwise in place.",
+]
+
+HELDOUT23_CHAT = [
+    "How do I start learning to play the guitar as an adult?",
+    "What causes thunder and lightning?",
+    "Give me some advice for my first job interview.",
+    "Why do we dream?",
+]

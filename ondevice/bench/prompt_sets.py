@@ -12,6 +12,7 @@ from ondevice.bench.heldout import (
     HELDOUT10_CHAT, HELDOUT10_CODE, HELDOUT11_CHAT, HELDOUT11_CODE, HELDOUT12_CHAT, HELDOUT12_CODE, HELDOUT16_CHAT, HELDOUT16_CODE,
     HELDOUT17_CHAT, HELDOUT17_CODE, HELDOUT18_CHAT, HELDOUT18_CODE, HELDOUT19_CHAT, HELDOUT19_CODE, HELDOUT20_CHAT, HELDOUT20_CODE,
     HELDOUT21_CHAT, HELDOUT21_CODE, HELDOUT22_CHAT, HELDOUT22_CODE,
+    HELDOUT23_CHAT, HELDOUT23_CODE,
     HELDOUT13_CHAT, HELDOUT13_CODE, HELDOUT14_CHAT, HELDOUT14_CODE,
     HELDOUT_CHAT, HELDOUT_CODE,
 )
@@ -388,7 +389,8 @@ SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "
         "heldout19-code": HELDOUT19_CODE, "heldout19-chat": HELDOUT19_CHAT,
         "heldout20-code": HELDOUT20_CODE, "heldout20-chat": HELDOUT20_CHAT,
         "heldout21-code": HELDOUT21_CODE, "heldout21-chat": HELDOUT21_CHAT,
-        "heldout22-code": HELDOUT22_CODE, "heldout22-chat": HELDOUT22_CHAT}
+        "heldout22-code": HELDOUT22_CODE, "heldout22-chat": HELDOUT22_CHAT,
+        "heldout23-code": HELDOUT23_CODE, "heldout23-chat": HELDOUT23_CHAT}
 
 
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
