@@ -1,6 +1,8 @@
 """Held-out prompt sets: written for one measurement each and never iterated on (README's planner
-and streaming figures). Code and chat, as users ask. `ondevice bench --prompts heldout…` runs them;
-bench/prompt_sets.py maps the names."""
+and streaming figures). Code and chat, as users ask. `ondevice bench --prompts heldout…` runs them:
+every HELDOUT<n>_CODE / HELDOUT<n>_CHAT list below is the set heldout<n>-code / heldout<n>-chat (`NUMBERED`)."""
+
+import re
 
 # Held out from everything, the planner's tuning included: written for the planner's acceptance
 # measurements (README, "How it decides"), never iterated on. Code and chat, as users ask.
@@ -261,3 +263,12 @@ HELDOUT23_CHAT = [
     "Give me some advice for my first job interview.",
     "Why do we dream?",
 ]
+
+
+def _numbered() -> dict[str, list[str]]:
+    """The numbered sets of this module by their --prompts names, in the order they were written."""
+    found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))
+    return {f"heldout{m[1]}-{m[2].lower()}": globals()[m[0]] for m in found if m}
+
+
+NUMBERED = _numbered()

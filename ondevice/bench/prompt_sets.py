@@ -6,16 +6,7 @@ streaming figures come from are in bench/heldout.py.
 """
 
 from ondevice.bench.heldout_edits import HELDOUT15_AGENT, HELDOUT15_EDIT
-from ondevice.bench.heldout import (
-    HELDOUT2_CHAT, HELDOUT2_CODE, HELDOUT3_CHAT, HELDOUT3_CODE, HELDOUT4_CHAT, HELDOUT4_CODE, HELDOUT5_CHAT, HELDOUT5_CODE, HELDOUT6_CHAT, HELDOUT6_CODE,
-    HELDOUT7_CHAT, HELDOUT7_CODE, HELDOUT8_CHAT, HELDOUT8_CODE, HELDOUT9_CHAT, HELDOUT9_CODE,
-    HELDOUT10_CHAT, HELDOUT10_CODE, HELDOUT11_CHAT, HELDOUT11_CODE, HELDOUT12_CHAT, HELDOUT12_CODE, HELDOUT16_CHAT, HELDOUT16_CODE,
-    HELDOUT17_CHAT, HELDOUT17_CODE, HELDOUT18_CHAT, HELDOUT18_CODE, HELDOUT19_CHAT, HELDOUT19_CODE, HELDOUT20_CHAT, HELDOUT20_CODE,
-    HELDOUT21_CHAT, HELDOUT21_CODE, HELDOUT22_CHAT, HELDOUT22_CODE,
-    HELDOUT23_CHAT, HELDOUT23_CODE,
-    HELDOUT13_CHAT, HELDOUT13_CODE, HELDOUT14_CHAT, HELDOUT14_CODE,
-    HELDOUT_CHAT, HELDOUT_CODE,
-)
+from ondevice.bench.heldout import HELDOUT_CHAT, HELDOUT_CODE, NUMBERED
 
 CODE_EVAL = [
     "Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation.",
@@ -369,28 +360,7 @@ HELDOUT = HELDOUT_CODE + HELDOUT_CHAT
 CALIBRATION = CODE_CALIBRATION + CHAT_CALIBRATION
 SETS = {"eval": EVAL, "code": CODE_EVAL, "chat": CHAT_EVAL, "edit": EDIT_EVAL, "agent": AGENT_EVAL,  # by --prompts name
         "calibration": CALIBRATION, "heldout": HELDOUT, "heldout-code": HELDOUT_CODE, "heldout-chat": HELDOUT_CHAT,
-        "heldout2-code": HELDOUT2_CODE, "heldout2-chat": HELDOUT2_CHAT,
-        "heldout3-code": HELDOUT3_CODE, "heldout3-chat": HELDOUT3_CHAT,
-        "heldout4-code": HELDOUT4_CODE, "heldout4-chat": HELDOUT4_CHAT,
-        "heldout5-code": HELDOUT5_CODE, "heldout5-chat": HELDOUT5_CHAT,
-        "heldout6-code": HELDOUT6_CODE, "heldout6-chat": HELDOUT6_CHAT,
-        "heldout7-code": HELDOUT7_CODE, "heldout7-chat": HELDOUT7_CHAT,
-        "heldout8-code": HELDOUT8_CODE, "heldout8-chat": HELDOUT8_CHAT,
-        "heldout9-code": HELDOUT9_CODE, "heldout9-chat": HELDOUT9_CHAT,
-        "heldout10-code": HELDOUT10_CODE, "heldout10-chat": HELDOUT10_CHAT,
-        "heldout11-code": HELDOUT11_CODE, "heldout11-chat": HELDOUT11_CHAT,
-        "heldout12-code": HELDOUT12_CODE, "heldout12-chat": HELDOUT12_CHAT,
-        "heldout13-code": HELDOUT13_CODE, "heldout13-chat": HELDOUT13_CHAT,
-        "heldout14-code": HELDOUT14_CODE, "heldout14-chat": HELDOUT14_CHAT,
-        "heldout15-edit": HELDOUT15_EDIT, "heldout15-agent": HELDOUT15_AGENT,
-        "heldout16-code": HELDOUT16_CODE, "heldout16-chat": HELDOUT16_CHAT,
-        "heldout17-code": HELDOUT17_CODE, "heldout17-chat": HELDOUT17_CHAT,
-        "heldout18-code": HELDOUT18_CODE, "heldout18-chat": HELDOUT18_CHAT,
-        "heldout19-code": HELDOUT19_CODE, "heldout19-chat": HELDOUT19_CHAT,
-        "heldout20-code": HELDOUT20_CODE, "heldout20-chat": HELDOUT20_CHAT,
-        "heldout21-code": HELDOUT21_CODE, "heldout21-chat": HELDOUT21_CHAT,
-        "heldout22-code": HELDOUT22_CODE, "heldout22-chat": HELDOUT22_CHAT,
-        "heldout23-code": HELDOUT23_CODE, "heldout23-chat": HELDOUT23_CHAT}
+        **NUMBERED, "heldout15-edit": HELDOUT15_EDIT, "heldout15-agent": HELDOUT15_AGENT}
 
 
 def messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
