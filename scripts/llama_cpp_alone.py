@@ -4,9 +4,9 @@
 
 For files that answer nothing readable (a synthetic model of random weights: `ondevice bench
 --synthetic NAME --keep` writes them), where `python -m ondevice.eval.llamacpp_rows` needs a chat
-template. Greedy after a 32-token prompt of arbitrary ids; the weights as ondevice's own loads would
-lay them out on this CPU (machine/llama_repack.weight_layout_guard). Prints one JSON line: the first
-token's seconds (prompt included), each later token's, and their tok/s.
+template. Greedy after a 32-token prompt of arbitrary ids; loaded as that baseline loads its target
+(`llamacpp_rows.load_llama`). Prints one JSON line: the first token's seconds (prompt included),
+each later token's, and their tok/s.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import argparse
 import json
 import time
 
-import llama_cpp
-
-from ondevice.machine.llama_repack import weight_layout_guard
+from ondevice.bench.llamacpp_rows import load_llama
 
 
 def main() -> None:
@@ -26,8 +24,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    with weight_layout_guard(None):
-        llm = llama_cpp.Llama(model_path=args.model, n_ctx=256, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    llm = load_llama(args.model, 256, args.threads)
     seconds, start = [], time.perf_counter()
     for _ in llm.generate(list(range(1000, 1032)), temp=0.0):
         seconds.append(time.perf_counter() - start)
