@@ -77,6 +77,20 @@ def test_what_the_drafter_less_regime_measured_beats_its_timed_pass():
     assert choice.without_source == "measured" and choice.without == pytest.approx(5.0) and not choice.keep
 
 
+def test_a_rate_one_session_measured_stays_measured_at_the_next_load(tmp_path, monkeypatch):
+    """A saved book is loaded at half weight: what a session measured MEASURED_TOKENS of must still
+    count as measured, or the drafter it measured slower is predicted (faster) and loaded again."""
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    session = book(**{"best-first@8": (MEASURED_TOKENS + 4, (MEASURED_TOKENS + 4) / 3.0)})  # 3 tok/s, one answer's worth
+    save_book(session, "pair", "with")
+    loaded = load_book("pair", "with")
+    assert loaded.arms["best-first@8"].tokens < MEASURED_TOKENS  # the load weight halved it
+    fast = replace(ALONE, seconds=1 / 3.5)  # the target alone timed at 3.5 tok/s: a prediction beats it, a measurement not
+    choice = choose_drafter(Saved(fast), default_p_rank(), loaded, ArmBook())
+    assert choice.with_source == "measured" and choice.with_drafter == pytest.approx(3.0)
+    assert not choice.keep and not choice.explore
+
+
 def test_with_nothing_measured_the_cost_model_predicts_speculation():
     choice = choose_drafter(Saved(ALONE), default_p_rank(), ArmBook(), ArmBook())
     predicted = choose_plan(Curves(DISK_BOUND, FAST_DRAFT), default_p_rank(), overlap_possible=False).predicted_tokens_per_second

@@ -45,7 +45,7 @@ from ondevice.loading.plan import LoadPlan
 from ondevice.loading.profiling import profile_backends
 from ondevice.machine.ram import return_freed_memory
 from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.plan.arms import OPTIMISM, ArmBook, load_book
+from ondevice.plan.arms import LOAD_WEIGHT, OPTIMISM, ArmBook, load_book
 from ondevice.plan.auto import regime_of
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import LatencyCurve, pass_sizes
@@ -54,6 +54,7 @@ from ondevice.plan.latency import ALONE_CONTEXT, measure_target_timing
 from ondevice.plan.profile import save_profile
 
 MEASURED_TOKENS = 24.0  # an arm's (faded) tokens before its measured rate is trusted over a prediction
+SAVED_TOKENS = MEASURED_TOKENS * LOAD_WEIGHT  # ... in a book as loaded (at LOAD_WEIGHT): MEASURED_TOKENS in one session
 UNSURE = OPTIMISM  # a drafter kept by less than this factor over a timed target alone: time it again at the next load
 MAX_TIMINGS = 8  # the timed pass is the mean of the last this many loads' timings
 NEAR_FIT = 0.25  # a drafter-less plan reading at most this share of the file per pass is timed unsteered too
@@ -151,16 +152,18 @@ def best_measured(book: ArmBook, min_tokens: float = MEASURED_TOKENS) -> float |
 
 def choose_drafter(profile, p_rank, book_with: ArmBook, book_without: ArmBook, layers_with: int = 0) -> DrafterChoice | None:
     """Keep the drafter, or leave it out for the layers its RAM would keep (module docstring). None:
-    nothing to compare (no drafter-less pass timed)."""
+    nothing to compare (no drafter-less pass timed). The books as loaded (`load_book`, at LOAD_WEIGHT):
+    an arm one session measured MEASURED_TOKENS of counts as measured (else the drafter a session
+    measured slower is predicted again at the next load, and loaded again to be measured)."""
     alone = AlonePass.from_dict(getattr(profile, "alone", None))
     if alone is None or alone.seconds <= 0:
         return None
-    measured_with = best_measured(book_with)
+    measured_with = best_measured(book_with, SAVED_TOKENS)
     if measured_with is not None:
         with_drafter, with_source = measured_with, "measured"
     else:
         with_drafter, with_source = choose_plan(profile.curves, p_rank, overlap_possible=False).predicted_tokens_per_second, "predicted"
-    measured_without = best_measured(book_without)
+    measured_without = best_measured(book_without, SAVED_TOKENS)
     without, without_source = (measured_without, "measured") if measured_without is not None else (1.0 / alone.seconds, "timed")
     needed = without * (UNSURE if with_source == "predicted" else 1.0)  # a prediction must beat a measurement by the planner's distrust
     explore = with_source == "predicted" and without < with_drafter <= needed  # ... or be put to the test
