@@ -17,7 +17,7 @@ import pytest
 
 from ondevice.decode.engine import RoundReport
 from ondevice.plan import auto as autoplan
-from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, arm_of, load_book, save_book
+from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, Tally, arm_of, load_book, save_book
 from ondevice.plan.curve import Curves, LatencyCurve
 from ondevice.decode.protocols import FREE_BUILDERS as FREE, TARGET_FREE, DraftSpec
 from ondevice.decode.tree import DraftTree
@@ -97,6 +97,25 @@ def test_audits_cost_at_most_their_share(tokens):
     assert seconds - best <= EXPLORE_SHARE * seconds + one_block
     assert book.audit_regret <= EXPLORE_SHARE * book.decode_seconds + one_block
     assert played.count("chain@3") > 0  # it was checked
+
+
+@pytest.mark.parametrize("longest_known", [True, False])
+def test_an_unmeasured_tree_is_audited_at_the_longest_its_round_can_take(longest_known):
+    """A big best-first tree priced at ~10 levels drafts a chain of all its nodes on text the drafter
+    is sure of: its rounds take twice their prediction. Budgeted at its longest round
+    (cost_model.longest_round), its first audit keeps the audits' regret within EXPLORE_SHARE of the
+    decode time; budgeted at its prediction, it does not."""
+    incumbent, big = TrueArm(0.20, 5), TrueArm(2.10 / 8, 8)  # 1.0 s rounds; the big tree's 2.10 s rounds
+    prices = {"best-first@8": Price(0.20, 1.0), "best-first@31": Price(0.22, 5 * 0.22, longest_round=2.10 if longest_known else None)}
+    book = ArmBook(arms={"best-first@8": Tally(tokens=40, seconds=8.0, rounds=8)})
+    audited = 0
+    while audited < AUDIT_ROUNDS:
+        arm, audit = book.next_arm(prices)
+        truth = incumbent if arm == "best-first@8" else big
+        book.observe(arm, truth.tokens, truth.spt * truth.tokens, prices[arm].spt, audit, book.ranked(prices)[0][1])
+        audited += audit
+    assert audit and arm == "best-first@31"
+    assert (book.audit_regret <= EXPLORE_SHARE * book.decode_seconds) == longest_known
 
 
 def test_the_book_persists_at_half_weight(tmp_path, monkeypatch):

@@ -138,6 +138,6 @@ def test_planner_replays_target_only_answers_then_switches_to_lookup(tmp_path, m
     spec = planner.spec(Sampling())
     assert spec is not None and spec.builder == "lookup" and "using prompt lookup" in planner.plan.fallback_reason
     planner.observe(RoundReport(DraftTree.root_only(1), [0], spec, 0.09, 0.1, len(prompt)))  # lookup rounds now teach the lookup tracker
-    assert planner.lookup.tokens > 0 and planner.tracker.at_risk.sum() == 0
-    saved = autoplan.AutoPlanner(SimpleNamespace(pair="toy", make_decode_batch=lambda: None)).lookup  # what the last answer left
+    assert planner.free["lookup"].tokens > 0 and planner.tracker.at_risk.sum() == 0
+    saved = autoplan.AutoPlanner(SimpleNamespace(pair="toy", make_decode_batch=lambda: None)).free["lookup"]  # what the last answer left
     assert saved.tokens > 100 and saved.acceptance > 0.9

@@ -124,6 +124,7 @@ class Price:
     round_seconds: float | None = None
     floor: float | None = None
     pass_seconds: float | None = None  # the target pass's share of round_seconds
+    longest_round: float | None = None  # the longest a round could take (a tree drafting a chain: cost_model.longest_round)
 
     def after_pass(self, measured_pass: float) -> float | None:
         """The prediction for a round whose target pass took `measured_pass`: the pass time is the
@@ -204,13 +205,21 @@ class ArmBook:
         hopeful, spt, arm = min(challengers)
         if hopeful >= spt_incumbent:
             return incumbent, False
-        per_round = self.arms.get(arm, Tally()).seconds_per_round or prices[arm].round_seconds or spt_incumbent
-        block = AUDIT_ROUNDS * per_round * hopeful / spt  # as fast as it could be
+        block = AUDIT_ROUNDS * self._audit_round(arm, prices[arm], hopeful / spt, spt_incumbent)
         regret = block * max(MIN_AUDIT_REGRET, 1.0 - spt_incumbent / hopeful) + switch_cost(arm)
         if self.audit_regret + regret > EXPLORE_SHARE * (self.decode_seconds + block):
             return incumbent, False
         self.audit = Audit(arm, AUDIT_ROUNDS, switch_cost(arm) > 0)
         return arm, True
+
+    def _audit_round(self, arm: str, price: Price, speedup: float, spt_incumbent: float) -> float:
+        """Seconds an audit round of `arm` is budgeted at: as measured, or predicted, and as fast as
+        it could be (`speedup`); an arm never measured at the longest its round could take, where
+        that is known (an unmeasured tree's round can run twice its prediction: Price.longest_round)."""
+        measured = self.arms.get(arm, Tally()).seconds_per_round
+        if measured is None and price.longest_round is not None:
+            return max(price.longest_round, (price.round_seconds or 0.0) * speedup)
+        return (measured or price.round_seconds or spt_incumbent) * speedup
 
     def observe(self, arm: str, tokens: int, seconds: float, spt_predicted: float | None, audit: bool,
                 spt_incumbent: float | None, switch: bool = False) -> None:

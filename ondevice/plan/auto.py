@@ -33,7 +33,7 @@ import numpy as np
 from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.arms import Price, arm_of, family_of, load_book, save_book
-from ondevice.plan.cost_model import Plan, predict
+from ondevice.plan.cost_model import Plan, longest_round, predict
 from ondevice.plan.curve import Curves, LatencyCurve, provisional_curve, upto
 from ondevice.plan.fallback import MAX_LOOKUP_BUDGET, LookupTracker, lookup_plan, replay
 from ondevice.plan.idle_profile import IdleProfiler
@@ -173,7 +173,8 @@ class AutoPlanner:
             if self.profile is not None and self.has_drafter:
                 plans.update(self._model_plans())
         self.plans = plans
-        self.prices = {arm: _price(plan, self._pass_part(arm, plan, target_curve)) if known else Price(None) for arm, plan in plans.items()}
+        self.prices = {arm: _price(plan, self._pass_part(arm, plan, target_curve), self._longest(arm, plan)) if known else Price(None)
+                       for arm, plan in plans.items()}
         if known:
             self.prices["target"] = replace(self.prices["target"], floor=self._target_floor())
         self._set_incumbent()
@@ -184,6 +185,10 @@ class AutoPlanner:
             m = self.free[arm].match_rate(plan.budget)
             return m * curve(plan.budget + 1) + (1 - m) * curve(1)
         return curve(plan.budget + 1)
+
+    def _longest(self, arm: str, plan: Plan) -> float | None:
+        """A tree's longest round (cost_model.longest_round): what an audit of it is budgeted at."""
+        return longest_round(self.curves, plan.budget, self.overhead_per_pass) if family_of(arm) == "model" and self.curves else None
 
     def _target_floor(self) -> float | None:
         """The fastest a single-token pass could be: a pass of n tokens never costs less than one of
@@ -356,10 +361,6 @@ class AutoPlanner:
                        hit_scale=self.hit_scale, overlap_scale=self.overlap_scale)
         return None if plan is None else self.gains.apply(plan)
 
-    @property
-    def lookup(self) -> LookupTracker:
-        return self.free["lookup"]
-
     # --- what it knows ----------------------------------------------------------------------------------
     def summary(self) -> dict:
         """The incumbent and the runner-up, measured and predicted; how much went to audits."""
@@ -395,6 +396,6 @@ class AutoPlanner:
         self.price()
 
 
-def _price(plan: Plan, pass_seconds: float) -> Price:
+def _price(plan: Plan, pass_seconds: float, longest: float | None = None) -> Price:
     tps = plan.predicted_tokens_per_second
-    return Price(1.0 / tps, plan.predicted_tokens_per_pass / tps, pass_seconds=pass_seconds) if tps > 0 else Price(None)
+    return Price(1.0 / tps, plan.predicted_tokens_per_pass / tps, pass_seconds=pass_seconds, longest_round=longest) if tps > 0 else Price(None)

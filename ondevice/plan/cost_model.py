@@ -81,6 +81,14 @@ def _draft_seconds(curves: Curves, batches: Sequence[int], p_leaf: float) -> flo
     return sum(curves.drafter(b) for b in batches) + catch_up
 
 
+def longest_round(curves: Curves, budget: int, overhead_per_pass: float = 0.0) -> float:
+    """The longest round a tree of `budget` drafted nodes can take: best-first follows the drafter's
+    confidence, not the depth it was priced at (`Plan.draft_spec`), so on text the drafter is sure of
+    it drafts a chain, one call per node (a 31-node tree on confident code: 31 levels where ~10 were
+    priced, twice the predicted round). What an audit of an unmeasured tree is budgeted at (arms.py)."""
+    return _draft_seconds(curves, [1] * budget, 1.0) + curves.target(budget + 1) + overhead_per_pass
+
+
 def guess_hit_rate(p_rank: np.ndarray, top1_path: int, root_children: int) -> float:
     """h: the target accepts the top-1 path of `top1_path` drafted nodes, and its own next token is
     one of the `root_children` children the prepared tree gives its root."""
