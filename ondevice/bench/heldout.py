@@ -265,6 +265,20 @@ HELDOUT23_CHAT = [
 ]
 
 
+HELDOUT24_CODE = [  # written before the planner's budgeted audits and the saved drafter choice were measured
+    "Write a Python function that merges overlapping intervals in a list of (start, end) pairs.",
+    "Write a JavaScript function that debounces another function by a given number of milliseconds.",
+    "Write a Rust function that checks whether a string is a valid IPv4 address.",
+    "Write a Python class for a least-recently-used cache with get and put methods.",
+]
+
+HELDOUT24_CHAT = [
+    "What should I pack for a week-long hiking trip?",
+    "How do vaccines train the immune system?",
+    "Suggest a few ways to stay focused while working from home.",
+    "Why is the ocean salty?",
+]
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))
