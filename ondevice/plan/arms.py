@@ -30,7 +30,9 @@ spt. A *runner-up* is audited for AUDIT_ROUNDS rounds when
   (2) the audits' *regret* — seconds they took beyond what the incumbent would have needed for the
       same tokens, switch costs included (a drafter catching up on the tokens it did not see) —
       stays within EXPLORE_SHARE of the decode time, counting the block about to run (estimated
-      at the runner-up's optimistic spt, and at least MIN_AUDIT_REGRET of its time).
+      at the runner-up's optimistic spt, and at least MIN_AUDIT_REGRET of its time; an arm never
+      measured, at the longest its rounds can take where that is known: a tree that may draft a
+      chain of all its nodes, `Price.longest_round`).
 A round of the target alone costs one cheap pass, so while a tree is the incumbent the target is
 audited often; a tree audited while the target leads pays its drafter's catch-up, so it is rare.
 
@@ -215,7 +217,7 @@ class ArmBook:
     def _audit_round(self, arm: str, price: Price, speedup: float, spt_incumbent: float) -> float:
         """Seconds an audit round of `arm` is budgeted at: as measured, or predicted, and as fast as
         it could be (`speedup`); an arm never measured at the longest its round could take, where
-        that is known (an unmeasured tree's round can run twice its prediction: Price.longest_round)."""
+        that is known (an unmeasured tree's round can run far past its prediction: Price.longest_round)."""
         measured = self.arms.get(arm, Tally()).seconds_per_round
         if measured is None and price.longest_round is not None:
             return max(price.longest_round, (price.round_seconds or 0.0) * speedup)

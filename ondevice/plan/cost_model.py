@@ -84,8 +84,9 @@ def _draft_seconds(curves: Curves, batches: Sequence[int], p_leaf: float) -> flo
 def longest_round(curves: Curves, budget: int, overhead_per_pass: float = 0.0) -> float:
     """The longest round a tree of `budget` drafted nodes can take: best-first follows the drafter's
     confidence, not the depth it was priced at (`Plan.draft_spec`), so on text the drafter is sure of
-    it drafts a chain, one call per node (a 31-node tree on confident code: 31 levels where ~10 were
-    priced, twice the predicted round). What an audit of an unmeasured tree is budgeted at (arms.py)."""
+    it drafts a chain, one call per node, and its round can run far past the prediction
+    (docs/measurements/2026-12-05-planner-heldout24.md). What an audit of an unmeasured tree is
+    budgeted at (arms.py)."""
     return _draft_seconds(curves, [1] * budget, 1.0) + curves.target(budget + 1) + overhead_per_pass
 
 
