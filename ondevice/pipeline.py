@@ -151,9 +151,9 @@ class Pipeline:
         """Free the models and threads now, in this order: the overlap worker, the drafter, the target
         (llama.cpp contexts and models, an offloaded target's streaming threads), the tokenizer; then
         the freed heap goes back to the OS, so that a load made next in this process (the reload
-        without the drafter, `bench --rounds`) plans with the memory it really holds: under 1.2 GB
-        the process held 101–117 MB before a second and third load (one or two kept layers fewer)
-        without that, 48–49 MB with it. Idempotent; `with ondevice.load(...) as pipe:` calls it."""
+        without the drafter, `bench --rounds`) plans with the memory it really holds (without that it
+        keeps a layer or two fewer: docs/measurements/2026-11-27-drafter-or-layers.md). Idempotent;
+        `with ondevice.load(...) as pipe:` calls it."""
         self.engine.close()
         self.tokenizer.close()
         self.planner = self.backends = None  # the profile's factories hold the target

@@ -11,10 +11,8 @@ def spread_layers(sizes: Sequence[int], room: int) -> tuple[int, ...]:
     """k decoder layers spread evenly through the pass (the middle layer of each of k equal
     stretches), k the largest whose layers fit in `room`. While llama.cpp computes a kept layer the
     reader goes on reading the streamed ones ahead; kept first, they were computed while the
-    reader, its slots full, had nothing to do. Side by side in a 1.2 GB cgroup (default pair, 8 of
-    28 layers kept first or spread, 560 MB read per pass, three runs): best-first +4% on average at
-    @4 and @8 (−10% to +16%), the disk wait shorter in every run, the target alone unchanged (the
-    disk bounds it); README, "Larger than memory", item 2."""
+    reader, its slots full, had nothing to do. Spread, a round waits less for the disk
+    (docs/measurements/2026-11-27-streaming-1.2gb.md)."""
     for k in range(len(sizes), 0, -1):
         picked = tuple(spread(range(len(sizes)), k))
         if sum(sizes[i] for i in picked) <= room:

@@ -20,9 +20,9 @@ Under a memory limit, run the rows in a process of their own, as a llama.cpp use
     python -m ondevice.eval.lowmem --cgroup 1.2GB -- python -m ondevice.eval.llamacpp_rows --prompts chat --limit 2 --max-tokens 48
 
 `ondevice bench --baselines` runs them in the bench's process after freeing its models, where what
-that process still holds (100 MB before any model loads, against ~45 MB here, and what freed models
-leave behind) shares the limit, and can make a target that fits alone stream (README, "Larger
-than memory": "Why 1.2 GB").
+that process still holds (more than a process of its own, and what freed models leave behind)
+shares the limit, and can make a target that fits alone stream
+(docs/measurements/2026-11-23-streaming-1.3gb.md, "Why 1.2 GB").
 """
 
 from __future__ import annotations

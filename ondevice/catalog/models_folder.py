@@ -33,7 +33,7 @@ def check_writable(folder: Path) -> None:
 def check_free_space(folder: Path, needed: int) -> None:
     """An OndeviceError unless `needed` bytes plus a margin fit in `folder`. The margin (markers, state
     files, the disk's other users) is 1/16 of the download, at least 1 MiB and at most 256 MiB: a
-    fixed 256 MiB refused a 0.7 MB pair on a disk with 200 MB free."""
+    fixed 256 MiB refuses a 0.7 MB pair on a disk with 200 MB free."""
     needed += min(max(needed // 16, MIN_MARGIN), MAX_MARGIN)
     free = shutil.disk_usage(folder).free
     if free < needed:

@@ -32,8 +32,8 @@ from ondevice.decode.tree import DraftTree
 
 MULTI_SEQ_MAX_SEQUENCES = 8  # DuoDecoding's cap on first-position candidates
 # best-first decodes together only the frontier nodes within BATCH_SPREAD nats of the best one: the
-# others are likely to be pruned before they matter. Same tree, fewer wasted rows; measured on the
-# 0.5B drafter (budget 64/256, code and prose prompts) 1.0 cost 30-55% less than no limit.
+# others are likely to be pruned before they matter. Same tree, fewer wasted rows
+# (docs/measurements/code-notes.md, "Best-first's batches").
 BATCH_SPREAD = 1.0
 
 

@@ -15,7 +15,7 @@ P(node right | its parent right). Counts are kept per source and per bin of stat
 The price of a step is its bin's rate shrunk by PRIOR pseudo-observations toward the stated
 probability scaled by the source's overall record (right guesses / the stated probabilities of
 all its judged guesses, itself shrunk toward 1): a bin seen rarely borrows from the source's other
-bins, so a source that is seldom right (recycling on a short chat: 6% of its first tokens on `chat`)
+bins, so a source that is seldom right (recycling on a short chat: docs/measurements/code-notes.md)
 is priced low at every confidence after a few rounds, and a new session trusts the guesses.
 
 Prices only rank nodes: greedy and SpecExec verification accept what the target chooses whatever

@@ -39,8 +39,9 @@ from ondevice.draft.free_tree import best_subtree
 
 MAX_NGRAM = 3
 # Bigrams, not unigrams: in a few thousand tokens almost every single token has occurred before, so
-# unigram matches would put a (mostly wrong) tree into nearly every round, and on a CPU target a
-# 7-node pass costs ~3× a 1-token pass. A repeated bigram is far better evidence of a copied run.
+# unigram matches would put a (mostly wrong) tree into nearly every round, and on a CPU target a 7-node
+# pass costs several 1-token passes (docs/measurements/2026-11-27-sized-free-rounds.md). A repeated
+# bigram is far better evidence of a copied run.
 MIN_NGRAM = 2
 MAX_MATCHES = 8  # occurrences merged into the trie (the most recent ones)
 LEVEL_ACCEPT = 0.8  # a guess at P(target follows a continuation one more token); only shapes the tree

@@ -116,7 +116,8 @@ class ModelDrafter(Drafter):
         if r is None or not getattr(self.cache, "carries", False):
             return 0
         # One thread: llama.cpp's OpenMP team is per calling thread, and with more OpenMP threads than
-        # cores libgomp cuts every team's spinning short — all decodes then ran ~25% slower.
+        # cores libgomp cuts every team's spinning short, which slows every decode of the process
+        # (docs/measurements/2026-11-23-streaming-1.3gb.md).
         ctx = self.cache.ctx
         ctx.set_threads(1)
         grown = 0

@@ -13,8 +13,8 @@ tuned on the stored probabilities approximates.
 drafted the tree, the target alone included). It reads at most LEARN_ROWS rows: the accepted path's
 (their contexts really happened; they win where a token occurs twice), then the other nodes in tree
 order (the paper reads them all; this keeps a pass's learning under ~1 ms). A row's top-k comes from
-the best GROUP_COLUMNS-strided columns (`top_k_rows`): ~50 µs per row of 152k logits here, where
-`np.argpartition` takes ~1.1 ms.
+the best GROUP_COLUMNS-strided columns (`top_k_rows`), far faster than `np.argpartition`
+(docs/measurements/code-notes.md).
 
 Memory: n_vocab × TOP_K int32 tokens + float16 log-probs, made at the first `learn`
 (Qwen2.5's 151,936 ids: 7.3 MB). Stored log-probs are normalised over the column maxima, a lower

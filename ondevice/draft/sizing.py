@@ -3,8 +3,8 @@
 A free drafter's confidence changes from round to round far more than the drafter model's: after a
 40-token match in the prompt (an edit copying a function) the next 16 tokens are almost surely the
 copy's, after a 2-token match the next one is a coin toss. A fixed budget pays a big pass for the
-coin tosses or a small one for the copy; where the target's pass grows with its tokens (a CPU in
-RAM: 9 tokens cost 7.6× one here) either choice loses what the other regime wins.
+coin tosses or a small one for the copy: where a pass grows with its tokens (a CPU in RAM:
+docs/measurements/2026-11-27-sized-free-rounds.md) each loses what the other wins.
 
 So each round the tree (best-first: its nodes in falling path score, every prefix a tree) is cut to
 the prefix of n nodes that maximizes the expected tokens per second of the round:

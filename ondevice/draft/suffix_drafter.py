@@ -17,8 +17,8 @@ becomes a new document, after a separator no context contains: the old one stays
 **Bounded memory.** Two automata overlap: the older indexes at most `history` tokens, the younger
 the newest half of them; when the older is full it is dropped and the younger takes over (the
 oldest text is evicted, half a history at a time, with no pause to rebuild). At most 1.5 × history
-tokens are indexed, ≤ 2 states and 3 transitions each: ~390-420 B per token measured (ids of a
-152k vocabulary, repetitive or not), ~10 MB for the default 16,384, plus the undo log of at most
+tokens are indexed, ≤ 2 states and 3 transitions each: ~10 MB for the default 16,384
+(docs/measurements/code-notes.md, "The suffix drafter's memory"), plus the undo log of at most
 MAX_GUESS tokens (~0.6 MB).
 
 **Scores.** A continuation c of the matched suffix w (length ℓ) scores

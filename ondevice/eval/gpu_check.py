@@ -17,7 +17,7 @@ time (a step that does not fit is skipped and the JSON says why):
    pass, the copy rate, and the achieved bandwidth against the pinned peak;
 6. predicted tok/s of each pair — a prediction, not a measurement: the planner's cost model on the
    measured curves with the default pair's measured acceptance — next to UMbreLLa's published
-   8.6 tok/s (Llama-3.1-70B-AWQ on an RTX 4090, chat, greedy).
+   figure (docs/measurements/2026-11-27-gpu-h100.md).
 
 `--tiny --device cpu` runs the same steps on a CPU at small shapes (tests/test_gpu_check.py).
 """

@@ -1,9 +1,9 @@
 """A GGUF model's header, read fast: its metadata scalars and where every tensor's bytes are.
 
-`gguf.GGUFReader` parses everything (every token string, every tensor view) and takes 10+ s on a
-1 GB file here; the memory plan and the target's prefetcher need only the shapes and the tensor
-byte ranges, which this reads in well under a second (array values such as the vocabulary are
-skipped; only their lengths are kept).
+`gguf.GGUFReader` parses every token string and tensor view, slowly
+(docs/measurements/2026-11-28-ci-time.md); the memory plan and the target's prefetcher need only
+the shapes and the tensor byte ranges, which this reads in well under a second (array values such
+as the vocabulary are skipped; only their lengths are kept).
 
 Layout (GGUF v2/v3): magic, version, tensor count, key/value count; the key/values; the tensor
 infos (name, dims, type, offset relative to the data section); the data section, aligned to

@@ -6,7 +6,7 @@ each tensor's bytes mapped from the file that holds them.
 as gguf-py's `ReaderTensor`s do (name, tensor_type, shape innermost first, n_bytes, data_offset,
 data: the bytes as an array, float types as floats, quantized rows as uint8), but the header is read
 by `gguf_header.read_header`, which skips the vocabulary's items: gguf-py's reader parses every
-token string and took 23 s per open of the 1.5B target here. Array fields (the vocabulary) are not
+token string (docs/measurements/2026-11-28-ci-time.md). Array fields (the vocabulary) are not
 read: their `contents()` is an error; tokenizers read them elsewhere (gguf_vocab.py, llama.cpp).
 """
 

@@ -128,9 +128,9 @@ def leanest_drafters(plans: MemoryPlans, target: str) -> tuple[str, ...]:
 
 
 def onnx_drafter_built(path: Path, vocab_trim: bool) -> bool:
-    """Whether the ONNX drafter of this GGUF is exported already. Exporting it peaks at ~3x the file in
-    RAM (1.6 GB for the default pair's 0.5B): where the target streams, that would be killed by the
-    limit it streams under (0.9 GB), so there the ONNX drafter is compared only once built."""
+    """Whether the ONNX drafter of this GGUF is exported already. Exporting it peaks at several times
+    the file in RAM (docs/measurements/code-notes.md): where the target streams, that would be killed
+    by the limit it streams under, so there the ONNX drafter is compared only once built."""
     head = TrimmedHead.find(path) if vocab_trim else None
     return drafter_export_built(path, head.keep_ids if head else None)
 

@@ -71,15 +71,15 @@ class AlonePass:
     busy: bool = False  # other processes disturbed every sample
     timings: int = 1  # loads whose timing `seconds` averages (`folded`)
     curve: dict | None = None  # the latest timing's passes of 1 … its trees' nodes (LatencyCurve.to_dict), which the
-    # drafter-less load's planner sizes free rounds on (plan/auto.py; under 1.2 GB 2 tokens cost 1.0–1.6× one there)
+    # drafter-less load's planner sizes free rounds on (plan/auto.py; docs/measurements/2026-11-28-drafter-less-sized.md)
     steered: bool = True  # False: the file left to the kernel's page cache timed faster (module docstring)
 
     def lean_curve(self) -> LatencyCurve | None:
         return None if self.curve is None else LatencyCurve.from_dict(self.curve)
 
     def folded(self, again: "AlonePass") -> "AlonePass":
-        """The mean with another timing (of the last MAX_TIMINGS): a disk's speed drifts by half
-        within minutes here (the same pass timed 0.11–0.21 s), so one timing can decide wrongly."""
+        """The mean with another timing (of the last MAX_TIMINGS): a disk's speed drifts within
+        minutes (docs/measurements/code-notes.md), so one timing can decide wrongly."""
         if again.steered != self.steered:  # the other way of caching won this time: its own timing
             return again
         n = min(self.timings, MAX_TIMINGS - 1)
@@ -236,8 +236,7 @@ def time_plan(lean: LoadPlan) -> AlonePass:
     """The target's passes of 1 … a free round's nodes, loaded as `lean` plans. Timed here, before
     anything else is loaded, as the profile times passes: the plan the load would run, where a child
     process (the streaming profile's) would have less room, its own interpreter beside this one's
-    (measured under 1.2 GB: 16 layers kept and 0.25 s per pass there; 19 and 0.18–0.21 s in this
-    process at other minutes)."""
+    (docs/measurements/code-notes.md, "The drafter-less pass timed at load")."""
     memory = lean.memory
     largest = MAX_LOOKUP_BUDGET + 1 if memory is None else min(memory.sizes.max_tree, MAX_LOOKUP_BUDGET + 1)
     target = lean.open_target()

@@ -11,8 +11,8 @@ from ondevice.sizes import parse_size
 
 DEFAULT_CTX = 4096  # tokens of context unless --ctx, or a streaming target answering known prompts (`sized_context`)
 STREAMING_CHAT_CTX = 2048  # `ondevice chat`'s context where the target streams (unless --ctx): answers of its default
-# 1024 tokens and as much history, older turns dropped past it; 4096's f16 KV cache (117 MB, default pair) held
-# 5 target layers out of a 1.2 GB cgroup without the drafter (19 kept, 252 MB read per pass; 22 and 165 MB at 2048)
+# 1024 tokens and as much history, older turns dropped past it; 4096's KV cache takes RAM the target's kept layers
+# would have (docs/measurements/code-notes.md, "Streaming chat's context")
 TARGET_BACKENDS = ("auto", "torch", "llama", "onnx")
 DRAFTER_BACKENDS = ("auto", "llama", "onnx")
 CPU_BACKENDS = ("llama", "onnx")  # what the profile compares on a CPU (`ondevice profile`), and auto picks among

@@ -194,8 +194,8 @@ def disk_read_bytes() -> int | None:
 
 def return_freed_memory() -> None:
     """Hand memory freed by models measured and dropped back to the OS (glibc keeps freed heap in
-    its arenas: after a drafter was loaded, timed and freed, 200 MB of it still counted as this
-    process's), so a memory plan made next sees what the process really holds."""
+    its arenas: docs/measurements/code-notes.md, "The freed heap"), so a memory plan made next sees
+    what the process really holds."""
     gc.collect()
     trim_heap()
 
@@ -217,10 +217,10 @@ def unmap_large_frees() -> bool:
     """Keep glibc's mmap threshold where it starts, so every block above 128 KiB is unmapped when
     freed; False where the C library is not glibc. Left to itself glibc raises the threshold to the
     size of each large block freed (up to 32 MiB), and blocks that size then come from the heap and
-    stay there: 16-node trees' logits (~10 MB, float64 copies twice that), freed each round, grew
-    a streaming run's anonymous memory 540 → 600 MB in a 1.2 GB cgroup, the page cache gave up
-    kept layers for it, and the rows after read 710–750 MB per pass instead of 480 (README, "Larger
-    than memory"). Setting the threshold explicitly also turns glibc's raising off."""
+    stay there: 16-node trees' logits (~10 MB, float64 copies twice that), freed each round, grow
+    a streaming run's anonymous memory, and the page cache gives up kept layers for it
+    (docs/measurements/code-notes.md, "The freed heap"). Setting the threshold explicitly also turns
+    glibc's raising off."""
     try:
         return ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     except (OSError, AttributeError):  # not glibc

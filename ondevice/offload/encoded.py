@@ -1,8 +1,8 @@
 """Decoder layers kept on the device as they are transferred (GGUF blocks), decoded for every pass.
 
-Where decoding is much cheaper than the copy it saves (a Qwen2.5-32B Q4_K_M layer on an H100:
-0.77 ms to decode with the Triton kernels, 5.9 ms to copy in from pinned RAM), the device's room
-holds more layers encoded than decoded: 3.6 times as many at Q4_K_M in bfloat16 (placement.py).
+Where decoding is much cheaper than the copy it saves (the Triton kernels on an H100:
+docs/measurements/2026-11-27-gpu-h100.md), the device's room holds more layers encoded than
+decoded: 3.6 times as many at Q4_K_M in bfloat16 (placement.py).
 Each such layer gets a forward pre-hook that decodes its buffer into the block's parameters and a
 forward hook that drops them again, so one decoded layer at a time takes device memory (the
 placement's decode scratch). The layer streamer never sees these layers: its copies of the next

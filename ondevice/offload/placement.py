@@ -12,11 +12,11 @@ Layers that do not fit on the device stream; streamed layers that do not fit in 
 Both kinds are spread evenly over the stack, so copies (and disk reads) overlap with the compute of
 the layers around them.
 
-Kept encoded, a Q4_K_M layer takes 0.28 of its bfloat16 size: on an H100 a synthetic Qwen2.5-32B
-layer (312 MB as GGUF blocks) took 0.77 ms to decode with the Triton kernels (quant/gguf_triton.py)
-and 5.9 ms to copy in from pinned RAM, so where decoding is that fast the room on the device holds
-3.6 times as many layers encoded as decoded, each one a copy fewer per pass. The target chooses it
-(targets/offloaded.py: `keep_encoded` None = where the Triton kernels decode every tensor).
+Kept encoded, a Q4_K_M layer takes 0.28 of its bfloat16 size: where decoding a layer is much
+faster than copying it in from pinned RAM (the Triton kernels of quant/gguf_triton.py on an H100:
+docs/measurements/2026-11-27-gpu-h100.md), the room on the device holds 3.6 times as many layers
+encoded as decoded, each one a copy fewer per pass. The target chooses it (targets/offloaded.py:
+`keep_encoded` None = where the Triton kernels decode every tensor).
 
 Sizes in budgets are read by `ondevice.sizes.parse_size` ("6GiB", "500MB", "1.5G").
 """

@@ -42,7 +42,7 @@ def rows_tag(rows: np.ndarray) -> str:
 def export_built(gguf_path: str | Path, accuracy_level: int = ACCURACY_INT8, head_rows: np.ndarray | None = None,
                  int4_block: int | None = None) -> bool:
     """Whether `ensure_export` with these arguments has nothing to build. Building reads every weight
-    into memory (1.6 GB at the peak for the 0.5B drafter), so a load short of RAM uses an export only
+    into memory (docs/measurements/code-notes.md), so a load short of RAM uses an export only
     once it is built."""
     gguf_path = Path(gguf_path).expanduser()
     _, ident, *files, manifest = export_files(gguf_path, accuracy_level, head_rows, int4_block)

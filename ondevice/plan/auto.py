@@ -130,8 +130,8 @@ class AutoPlanner:
         load): free rounds are sized only on such a curve. On the provisional one (n tokens cost n
         passes) no round would draft, and the passes that could teach it otherwise (the free arms'
         fixed trees) would not run; a line fitted online to the passes of 1 and 2 tokens that do run
-        drafted nothing on one run of two (streamed under 1.2 GB a pass of 2 tokens cost 1.0–1.6×
-        one of 1, one of 8 2.9–4.9×: not a line)."""
+        drafted nothing on one run of two (a streamed pass's time is not a line:
+        docs/measurements/2026-11-28-drafter-less-sized.md)."""
         return self.profile is not None or self.lean_curve is not None
 
     @property

@@ -64,9 +64,8 @@ class Plan:
         """The DraftSpec for this plan (None: do not draft); `sampling` sets temperature, seed, …
         A best-first plan was priced as Sequoia's shape of `depth` levels (p[k] the same at every
         node), but its search is not held to that depth: it follows the drafter's own confidence,
-        which on code runs deeper than the average (1.2 GB cgroup, code, best-first @15: 7.38 tokens
-        per pass unbounded, 6.00 held to the priced depth, at the same seconds per round). What it
-        achieves is measured (plan/arms.py), not assumed."""
+        which on code runs deeper than the average (docs/measurements/code-notes.md, "Best-first's
+        depth"). What it achieves is measured (plan/arms.py), not assumed."""
         if self.budget == 0:
             return None
         return DraftSpec(builder=self.builder, budget=self.budget, **sampling)

@@ -21,7 +21,7 @@ from ondevice.decode.tree import DraftTree
 
 ALONE_CONTEXT = 64  # tokens of context the drafter-less passes are timed over (as a profile's)
 
-MAX_TOKENS_PER_PASS = 20  # more than any tree here emits per pass (best-first @1024 on code: 19.2, README)
+MAX_TOKENS_PER_PASS = 20  # more than any tree emits per pass (best-first @1024: docs/measurements/2026-11-23-amx-xeon.md)
 
 
 def worth_timing(timing: Timing, n: int) -> bool:

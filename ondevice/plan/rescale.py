@@ -2,7 +2,7 @@
 
 A profile is measured once; what a pass costs later is another matter: the model may no longer be
 in the page cache (the target streams from disk: ~1 s per pass whatever its size), or the VM runs
-slower than when it was profiled (this one drifts ±40% over a day). So every pass the engine times
+slower than when it was profiled (docs/measurements/code-notes.md). So every pass the engine times
 goes into `PassTimes`, and the planner plans with `PassTimes.curve()` instead of the profile's.
 
 Model: a pass of n tokens over c tokens of context costs  (ρ·t(n) + δ)·g(c)/g(c₀),  t = the

@@ -10,9 +10,9 @@ during such a minute is wrong for as long as it is kept. So the calls are timed 
 - **Judged by what the rest of the machine did meanwhile** (`CpuMeter`): CPU time used by all
   processes but this one (user + nice + system + irq + steal), per second of wall time: "others'
   cores". Niced processes count too: llama.cpp's threads spin at every barrier, so one thread
-  preempted for a few ms by even a nice-19 process stalls the other (measured: passes 5-30x slower
-  while niced test runs shared the 2 cores). A sample during which others used more than
-  OTHERS_MAX cores is *disturbed*.
+  preempted for a few ms by even a nice-19 process stalls the other (docs/measurements/code-notes.md,
+  "Timing on a shared machine"). A sample during which others used more than OTHERS_MAX cores is
+  *disturbed*.
 - **Interleaved sweeps.** Each size is sampled once per sweep, the sweeps in different orders, so a
   busy stretch hits different sizes in different sweeps; a size's time is the minimum over its
   quiet samples (other processes only ever add time). Sizes with fewer than MIN_QUIET quiet samples
@@ -22,8 +22,8 @@ during such a minute is wrong for as long as it is kept. So the calls are timed 
   meter missed (a burst shorter than its 10 ms ticks) and is sampled again.
 - **Warmed up until settled**: calls before the first sample until two in a row agree within
   SETTLED (at most WARM_UP_CALLS): a target streamed from disk fills the page cache with its kept
-  layers over its first passes after loading (under 1.2 GB, default pair without the drafter, 1-token
-  passes of 1.3, 0.46, 0.39 s, then 0.09–0.15 s: one warm-up call left a timing of 0.27–0.35 s).
+  layers over its first passes after loading, so a timing after one warm-up call is still far too
+  slow (docs/measurements/code-notes.md, "Timing on a shared machine").
 - **Useless sizes are skipped**: the first sweep goes up in n and stops growing once `enough`
   says so (the profile stops where no draft tree could pay for a pass that slow).
 

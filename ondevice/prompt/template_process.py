@@ -1,9 +1,9 @@
 """Chat templates rendered in a child process, under a time, memory and output budget.
 
 A chat template comes from the model file, so from anyone. jinja2's sandbox (chat_template.py)
-stops escapes — no reaching Python internals — but not runaway work: nested `range(99999)` loops ran
-at 100% CPU until killed, `{{ 'x' * 10**8 }}` took 2.5 GB in 20 s, and in `ondevice serve` such a
-template blocked the event loop.
+stops escapes — no reaching Python internals — but not runaway work: nested `range(99999)` loops run
+at 100% CPU until killed, `{{ 'x' * 10**8 }}` takes gigabytes, and in `ondevice serve` such a
+template would block the event loop.
 
 Why a process and not hooks in the sandbox: jinja2 compiles a template to Python code, and a thread
 running it cannot be stopped from outside. Stopping it from inside means a deadline check in every
@@ -37,7 +37,7 @@ from ondevice.prompt.text import check_text
 
 TEMPLATE_SECONDS = 5.0  # a real template renders a long conversation in milliseconds
 STARTUP_SECONDS = 120.0  # a worker starting (Python, jinja2: ~0.1 s) where the page cache thrashes (a model
-# streaming from disk in a 1.2 GB cgroup) took more than 5 s: its start is not the template's time
+# streaming from disk in a 1.2 GB cgroup) can take more than 5 s: its start is not the template's time
 WORKER_MEMORY_BYTES = 1 << 30  # the worker's address space: Python, jinja2 and the render
 MAX_OUTPUT_CHARS = 32 << 20  # a prompt longer than any context window holds
 

@@ -58,7 +58,7 @@ class Tokenizer:
             cap = -n
             buf = (llama_cpp.llama_token * cap)()
             n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        return np.frombuffer(buf, dtype=np.int32, count=n).tolist()  # 4x faster than list(buf[:n]) (3.9M ids: 16 vs 63 ms, holding the GIL)
+        return np.frombuffer(buf, dtype=np.int32, count=n).tolist()  # faster than list(buf[:n]), which holds the GIL longer (docs/measurements/code-notes.md)
 
     def piece(self, token: int, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)

@@ -2,9 +2,9 @@
 
 A layer streamed to the GPU is dequantized on every pass (so is one kept encoded on the device:
 offload/encoded.py). `gguf_blocks` does it in about ten elementwise torch passes over the layer's
-weights; on an H100 that took 10.7 ms per Qwen2.5-32B layer against 5.9 ms to copy the layer in,
-so a streamed pass ran at half the pinned bandwidth (README, "GPU"). These kernels read each block
-once and write each weight once, in the dtype the model computes in.
+weights, slower on an H100 than copying the layer in: a streamed pass would run at half the
+pinned bandwidth (docs/measurements/2026-11-27-gpu-h100.md). These kernels read each block once
+and write each weight once, in the dtype the model computes in.
 
 The arithmetic is gguf_blocks' (and gguf.quants'): the same float32 operations in the same
 order, with no fused multiply-add (`enable_fp_fusion=False`), rounded once to the output dtype

@@ -87,9 +87,9 @@ class Api:
     # --- the prompt, in the prompt thread ---------------------------------------------------------
     async def _off_loop(self, prepare, body: bytes):
         """prepare(body) in the prompt thread: parsing 4 MiB of JSON, a chat template (its own process,
-        up to seconds) and tokenizing a long prompt (1.8 s for 3.9 MB) must not stop the event loop,
-        which answers /health and every other client meanwhile. One thread: prompts wait their turn.
-        After a large body, once its request is done with, the memory it took goes back to the OS
+        up to seconds) and tokenizing a long prompt (seconds: docs/measurements/code-notes.md) must not
+        stop the event loop, which answers /health and other clients meanwhile. One thread: prompts
+        wait their turn. After a large request, the memory its body took goes back to the OS
         (`_hand_back`): a burst of 4 MiB requests left the server hundreds of MB larger."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._prompts, prepare, body)

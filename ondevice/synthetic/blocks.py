@@ -95,7 +95,7 @@ SUPPORTED = frozenset(_SCALES) | {QT.F32, QT.F16}
 
 
 def generator(*key: int) -> np.random.Generator:
-    """A fast generator (SFC64: ~2 GB/s of raw bytes here, PCG64's `bytes` 0.08) seeded by `key`."""
+    """A fast generator (SFC64: docs/measurements/code-notes.md) seeded by `key`."""
     return np.random.Generator(np.random.SFC64(np.random.SeedSequence(list(key))))
 
 

@@ -110,8 +110,8 @@ def measure(
     `drafter`: the pair's drafter, whose memory the plan of a llama.cpp target leaves room for.
     Timed as the planner times its profile (plan/timing.py: samples judged by what other processes
     used meanwhile, disturbed sizes sampled again): if some size never got a quiet sample, the
-    machine was busy, and the measurement is returned with `busy_cores` set but not cached (a 7B
-    twin measured beside another job recorded passes 5-10x slower, and forecasts showed that since).
+    machine was busy, and the measurement is returned with `busy_cores` set but not cached (a curve
+    another job slowed would stand in every forecast: docs/measurements/code-notes.md).
     A drafter's curve is cached without the memory budgets (it is read into RAM under any of them,
     and forecasts look it up so); a target's under them."""
     facts = machine_facts(home())

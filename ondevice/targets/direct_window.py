@@ -22,8 +22,8 @@ kept in RAM:
   pass's disk wait, timed exactly.
 
 Kept layers are read once into the page cache and stay there, MADV_NORMAL: the kernel may take some
-back near the memory limit (memory of our own it could not: read into a second memfd, the kept
-layers got a 1.2 GB cgroup's bench OOM-killed), and they then come back in reads around the fault
+back near the memory limit (memory of our own it could not: the process gets OOM-killed,
+docs/measurements/code-notes.md), and they then come back in reads around the fault
 (under MADV_RANDOM a page per fault; under MADV_SEQUENTIAL
 their use does not count as a reference and they were reclaimed first). The rest of the mapping (pages
 a layer shares with a neighbour, the input embeddings) is MADV_RANDOM: a fault reads its page only.
@@ -46,7 +46,7 @@ from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.targets.pass_split import PassSplit
 from ondevice.targets.page_cache import MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, PAGE, LayerWindow, Span, _pieces, advise, layer_spans, mapped_layers, readahead_bytes
 
-READERS = 4  # O_DIRECT reads in flight at once (one at a time moved 0.94 GB/s here, four 1.67 GB/s)
+READERS = 4  # O_DIRECT reads in flight at once: four move more than one (docs/measurements/code-notes.md, "Reads in flight")
 CHUNK = 4 << 20  # bytes per read
 MAP_FIXED = 0x10
 MADV_NORMAL, MADV_POPULATE_READ = 0, 22  # the latter: Linux 5.14+

@@ -10,8 +10,9 @@ layers the next pass needs first as readily as the ones just used. `LayerWindow`
   while the CPU computes the current one (prefetch), and at the end of a pass the first layers of
   the next pass are read while the drafter drafts. One call reads at most the device's readahead
   size (the larger of read_ahead_kb and max_sectors_kb: mm/readahead.c, force_page_cache_ra), so
-  spans are advised in pieces of that size (`readahead_bytes`); advised whole, only the first
-  8 MB of each tensor was read ahead here and the 191 MB LM head was faulted in synchronously;
+  spans are advised in pieces of that size (`readahead_bytes`); advised whole, only a tensor's
+  first piece would be read ahead, and the rest of a large one (the LM head) faulted in
+  synchronously;
 - a finished layer that is not `kept` leaves the page cache at once (MADV_DONTNEED drops llama.cpp's
   mapping of its pages, then POSIX_FADV_DONTNEED drops the pages: the kernel invalidates only
   unmapped pages, and this way also those still in a CPU's LRU batch, which MADV_PAGEOUT skips), so
@@ -21,8 +22,8 @@ layers the next pass needs first as readily as the ones just used. `LayerWindow`
 - the mapping is MADV_SEQUENTIAL: a page fault (a prefetch that came too late) reads ahead only,
   where the kernel's default "read-around" would also re-read the end of the layer just dropped;
 - but a separate input embedding table (`rows`) is MADV_RANDOM: llama.cpp reads one row per token
-  there, and a fault under MADV_SEQUENTIAL read ahead far past it, into the page cache that holds
-  the kept layers (a 16-node tree read 0.476 GB per pass against 0.361 planned).
+  there, and a fault under MADV_SEQUENTIAL reads ahead far past it, into the page cache that holds
+  the kept layers (docs/measurements/2026-11-23-streaming-1.3gb.md).
 
 The LM head counts as the last layer (OUTPUT_LAYER: output.weight, or token_embd when the head is
 tied to it); the input embeddings are read a row per token, each row where it lies (`rows`, above).
