@@ -279,6 +279,7 @@ HELDOUT24_CHAT = [
     "Why is the ocean salty?",
 ]
 
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))
