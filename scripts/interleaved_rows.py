@@ -14,40 +14,35 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections import Counter
 
 from ondevice.bench import prompt_sets
 from ondevice.bench.runner import forget_session
 from ondevice.cli.decoding import load_pipeline
 from ondevice.decode.protocols import DraftSpec
+from ondevice.decode.stats import Stats
 from ondevice.decode.verify import Sampling
 from ondevice.loading.options import Answers, LoadOptions
 
 
 def run_row(pipe, ids: list[list[int]], spec: DraftSpec | None, max_tokens: int) -> dict:
     forget_session(pipe.engine)  # free drafters that know nothing of the last row's answers, as bench starts a row
-    tokens = passes = read = 0
-    seconds, pass_seconds, accepted, rounds = 0.0, [], [], Counter()
+    totals = Stats()  # every answer's counts and per-pass lists, added up
     for prompt in ids:
         pipe.engine.cached = []  # each prompt from a cold cache, as bench runs them
         for record in pipe.stream_tokens(prompt, max_tokens=max_tokens, sampling=Sampling(), spec=spec):
             if record.stats is not None:
-                stats = record.stats
-                tokens, passes, seconds = tokens + stats.tokens, passes + stats.target_passes, seconds + stats.decode_seconds
-                read += stats.disk_read_bytes or 0
-                pass_seconds += stats.pass_seconds
-                accepted += stats.accepted_per_pass
-                rounds.update(stats.rounds_by_config)
+                totals.add(record.stats)
     by_size: dict[int, list] = {}
-    for (n, s), a in zip(pass_seconds, accepted):
+    for (n, s), a in zip(totals.pass_seconds, totals.accepted_per_pass):
         by_size.setdefault(n, []).append((s, a))
     sizes = {n: [len(v), round(statistics.median(s for s, _ in v), 3), round(sum(a for _, a in v) / len(v), 2)] for n, v in sorted(by_size.items())}
-    one = [s for n, s in pass_seconds if n == 1]
-    more = [s for n, s in pass_seconds if n > 1]
-    return {"tokens_per_second": tokens / seconds, "tokens_per_pass": tokens / passes, "mb_read_per_pass": read / passes / 1e6,
+    one = [s for n, s in totals.pass_seconds if n == 1]
+    more = [s for n, s in totals.pass_seconds if n > 1]
+    return {"tokens_per_second": totals.tokens_per_second, "tokens_per_pass": totals.tokens_per_pass,
+            "mb_read_per_pass": (totals.bytes_read_per_pass or 0) / 1e6,
             "median_pass_1": statistics.median(one) if one else None, "passes_1": len(one),
-            "median_pass_more": statistics.median(more) if more else None, "passes_more": len(more), "rounds": dict(rounds),
-            "by_size": sizes}
+            "median_pass_more": statistics.median(more) if more else None, "passes_more": len(more),
+            "rounds": totals.rounds_by_config, "by_size": sizes}
 
 
 def main() -> None:
