@@ -173,7 +173,10 @@ class AutoPlanner:
             if self.profile is not None and self.has_drafter:
                 plans.update(self._model_plans())
         self.plans = plans
-        self.prices = {arm: _price(plan, self._pass_part(arm, plan, target_curve), self._longest(arm, plan)) if known else Price(None)
+        curves = Curves(target_curve, self.profile.curves.drafter) if self.profile is not None else None  # = self.curves, fitted once
+        longest = {arm: longest_round(curves, plan.budget, self.overhead_per_pass)  # a tree's longest round: what its audit is budgeted at
+                   for arm, plan in plans.items() if curves is not None and family_of(arm) == "model"}
+        self.prices = {arm: _price(plan, self._pass_part(arm, plan, target_curve), longest.get(arm)) if known else Price(None)
                        for arm, plan in plans.items()}
         if known:
             self.prices["target"] = replace(self.prices["target"], floor=self._target_floor())
@@ -185,10 +188,6 @@ class AutoPlanner:
             m = self.free[arm].match_rate(plan.budget)
             return m * curve(plan.budget + 1) + (1 - m) * curve(1)
         return curve(plan.budget + 1)
-
-    def _longest(self, arm: str, plan: Plan) -> float | None:
-        """A tree's longest round (cost_model.longest_round): what an audit of it is budgeted at."""
-        return longest_round(self.curves, plan.budget, self.overhead_per_pass) if family_of(arm) == "model" and self.curves else None
 
     def _target_floor(self) -> float | None:
         """The fastest a single-token pass could be: a pass of n tokens never costs less than one of
