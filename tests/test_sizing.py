@@ -12,7 +12,7 @@ import pytest
 from ondevice.draft.free_tree import FreeTrie
 from ondevice.draft.lookup import PromptLookupDrafter
 from ondevice.draft.router import DraftRouter
-from ondevice.draft.sizing import best_size, sized
+from ondevice.draft.sizing import SizingRecord, best_size, sized
 from ondevice.decode.engine import SpecEngine
 from ondevice.decode.stats import collect
 from ondevice.eval.free_ceiling import ceiling_seconds, sized_seconds
@@ -103,6 +103,43 @@ def test_router_sends_a_weak_match_to_the_root_alone():
     context = [5, 6, 7, 1, 5, 6, 8, 2, 5, 6, 9, 3, 5, 6]
     tree = route.draft(context, DraftSpec("lookup", 6, pass_seconds=tuple(1.0 + 0.5 * k for k in range(7))))
     assert len(tree) == 1
+
+
+def test_the_sizing_record_scales_by_what_the_verified_drafts_accepted():
+    """Rounds that accept half the drafts they were expected to: the scale goes to about one half and
+    a tree worth three nodes at face value is cut to its root; rounds that accept all: about 1. A
+    record that drafts nothing for a few hundred rounds trusts the sources again."""
+    half, full = SizingRecord(), SizingRecord()
+    for _ in range(200):
+        half.sized("suffix", 2.0)
+        half.verified(1)
+        full.sized("suffix", 2.0)
+        full.verified(2)
+    assert half.scale("suffix") == pytest.approx(0.5, abs=0.05) and full.scale("suffix") == pytest.approx(1.0)
+    assert half.scale("lookup") == 1.0  # per builder
+    steps = np.log([0.9, 0.81, 0.73])  # a chain, path probabilities
+    pass_seconds = [1.0, 1.5, 2.0, 2.5]
+    assert best_size(steps, pass_seconds) == 3 and best_size(steps, pass_seconds, half.scale("suffix")) == 0
+    for _ in range(1000):
+        half.sized("suffix", 0.0)  # rounds sized to the root: nothing verified, the record fades
+        half.verified(0)
+    assert half.scale("suffix") > 0.95
+
+
+def test_a_router_whose_sized_rounds_accept_nothing_stops_buying_drafts():
+    """The same confident match, verified again and again with no draft accepted (the source's own
+    record sees none of it: the context does not go on): the router's rounds shrink to the root,
+    while a new router still buys nodes for it."""
+    context = [1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5, 9, 1, 2, 3]
+    spec = DraftSpec("lookup", 6, pass_seconds=tuple(1.0 + 0.5 * k for k in range(7)))
+    route = DraftRouter(None, PromptLookupDrafter(400))
+    sizes = []
+    for _ in range(12):
+        tree = route.draft(context, spec)
+        sizes.append(len(tree) - 1)
+        route.learn(tree, np.zeros((len(tree), 400), dtype=np.float32), [0])
+    assert sizes[0] > 1 and sizes[-1] == 0
+    assert len(DraftRouter(None, PromptLookupDrafter(400)).draft(context, spec)) - 1 == sizes[0]
 
 
 @pytest.fixture(scope="module")

@@ -280,6 +280,21 @@ HELDOUT24_CHAT = [
 ]
 
 
+HELDOUT25_CODE = [  # written before the sized rounds' record was measured
+    "Write a Python function that finds the longest common prefix of a list of strings.",
+    "Write a TypeScript function that groups an array of objects by the value of a given key.",
+    "Write a Bash script that deletes files older than seven days in a given directory.",
+    "Write a Java method that checks whether a linked list has a cycle.",
+]
+
+HELDOUT25_CHAT = [
+    "How can I make my houseplants last longer?",
+    "What is the difference between weather and climate?",
+    "Give me tips for sleeping better at night.",
+    "Why do cats purr?",
+]
+
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))

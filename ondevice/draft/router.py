@@ -32,7 +32,7 @@ import numpy as np
 from ondevice.draft.calibrate import SourceRecord
 from ondevice.draft.free_tree import for_rule, merge_trees
 from ondevice.draft.recycle import TokenRecycler
-from ondevice.draft.sizing import sized
+from ondevice.draft.sizing import SizingRecord, expected_drafts, sized
 from ondevice.draft.suffix_drafter import SuffixDrafter
 from ondevice.errors import OndeviceError
 from ondevice.decode.protocols import BUILDERS, FREE_BUILDERS, MODEL_BUILDERS, TARGET_FREE, Drafter, DraftSpec
@@ -47,6 +47,7 @@ class DraftRouter(Drafter):
         self.suffix = suffix if suffix is not None else SuffixDrafter(lookup.n_vocab)
         self.recycler = recycler if recycler is not None else TokenRecycler(lookup.n_vocab)
         self.record = SourceRecord()  # how often each free source's proposals came true
+        self.sizing = SizingRecord()  # what the sized rounds' verified drafts were expected to accept, and did
         self.last_builder: str | None = None  # of the last tree drafted (the target alone drafts none)
 
     def draft(self, context: Sequence[int], spec: DraftSpec) -> DraftTree:
@@ -75,7 +76,10 @@ class DraftRouter(Drafter):
 
     def sized(self, priced: DraftTree, spec: DraftSpec) -> DraftTree:
         """A priced best-first tree cut to what pays for its pass, as the spec's verification rule needs it."""
-        tree = sized(priced, spec.pass_seconds) if spec.pass_seconds is not None else priced
+        tree = priced
+        if spec.pass_seconds is not None:
+            tree = sized(priced, spec.pass_seconds, self.sizing.scale(spec.builder))
+            self.sizing.sized(spec.builder, float(expected_drafts(np.asarray(tree.logprobs[1:], dtype=np.float64))[-1]))
         return for_rule(tree, spec.sample_children, spec.temperature, self.n_vocab)
 
     def free_tree(self, context: Sequence[int], spec: DraftSpec, sources: Sequence[str] = ("suffix", "recycle", "lookup")) -> DraftTree:
@@ -91,6 +95,7 @@ class DraftRouter(Drafter):
         """After a verification pass over a drafted tree: the target's candidates at its nodes go to
         token recycling. A pass of the target alone teaches nothing: a top-k over a 152k-logit row
         costs ~0.4 ms, 1% of such a round on a 2-core CPU, paid on every round of every answer."""
+        self.sizing.verified(len(path) - 1)
         if len(tree) > 1 or self.last_builder in ("recycle", "hybrid"):  # its own empty trees must teach it
             self.recycler.learn(tree, logits, path)
         self.last_builder = None  # the next round may be the target alone's, which calls no drafter
@@ -100,6 +105,7 @@ class DraftRouter(Drafter):
         self.suffix.forget()
         self.recycler.forget()
         self.record.forget()
+        self.sizing = SizingRecord()
 
     def grows(self, spec: DraftSpec) -> bool:
         """Whether the drafter model can grow this round's search while the target verifies it."""
