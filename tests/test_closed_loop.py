@@ -17,7 +17,7 @@ import pytest
 
 from ondevice.decode.engine import RoundReport
 from ondevice.plan import auto as autoplan
-from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, Tally, arm_of, load_book, save_book
+from ondevice.plan.arms import AUDIT_ROUNDS, EXPLORE_SHARE, ArmBook, Price, Tally, arm_of, family_of, load_book, save_book
 from ondevice.plan.curve import Curves, LatencyCurve
 from ondevice.decode.protocols import FREE_BUILDERS as FREE, TARGET_FREE, DraftSpec
 from ondevice.decode.tree import DraftTree
@@ -191,3 +191,19 @@ def test_a_right_profile_keeps_the_target_alone_from_the_first_round(tmp_path, m
     assert sum(arm in ("target", *FREE) for arm in played) >= 0.95 * len(played)
     summary = planner.summary()
     assert summary["arm"]["name"] in ("target", *FREE) and summary["arm"]["measured_tokens_per_second"] == pytest.approx(1 / 0.032, rel=0.1)
+
+
+def test_a_trees_first_round_of_an_answer_is_booked_to_the_trees_together(tmp_path, monkeypatch):
+    """An answer's first round of a tree carries the drafter's catch-up on the prompt (and its
+    hardest first token): 1 token in 1.5 s. Booked to the tree that happened to run it, it would
+    put that tree at several times its true seconds per token; it goes to the trees' family (κ,
+    every tree alike) and the tree's own record starts with its next round."""
+    planner = make_planner(tmp_path, monkeypatch, POISONED)
+    spec = planner.spec(Sampling(), context=40)
+    arm = arm_of(spec)
+    assert family_of(arm) == "model"
+    planner.observe(RoundReport(DraftTree.chain(7, list(range(100, 100 + spec.budget))), [0], spec, 0.2, 1.5, 40))
+    assert planner.book.arms.get(arm, Tally()).tokens == 0
+    assert planner.book.families["model"].tokens == 1 and planner.book.families["model"].seconds == 1.5
+    planner.observe(RoundReport(DraftTree.chain(7, list(range(100, 100 + spec.budget))), [0, 1, 2], spec, 0.2, 0.3, 41))
+    assert planner.book.arms[arm].tokens == pytest.approx(3.0, rel=0.01)  # its next round is the tree's own

@@ -224,12 +224,16 @@ class ArmBook:
         return (measured or price.round_seconds or spt_incumbent) * speedup
 
     def observe(self, arm: str, tokens: int, seconds: float, spt_predicted: float | None, audit: bool,
-                spt_incumbent: float | None, switch: bool = False) -> None:
+                spt_incumbent: float | None, switch: bool = False, own: bool = True) -> None:
         """One round of `arm`: tokens emitted in `seconds`. spt_predicted: what was predicted for it
         (None: nothing, or a prediction not to learn from — its pass ran far off the curve it was
         priced on, which the curve itself learns). switch: it paid for a switch of arms (a drafter
         catching up), which is booked to the audits and not to the arm. spt_incumbent: the
-        incumbent's estimate when the round ran (an audit's regret is measured against it)."""
+        incumbent's estimate when the round ran (an audit's regret is measured against it).
+        own=False: a round any arm of the family would have paid for alike (a tree's first round of
+        an answer: the drafter catches up on the prompt, and the answer's first token is the
+        hardest to draft), booked to the family (κ) and not to the arm: one such round of 1 token
+        in 1.5 s, where the arm's rounds average 7 tokens in 1 s, put a tree at twice its spt."""
         self.fade(DECAY**tokens)
         self.decode_seconds += seconds
         if audit and spt_incumbent is not None:
@@ -240,7 +244,8 @@ class ArmBook:
             self.audit.rounds_left -= 0 if switch else 1
         if switch:
             return
-        self.arms.setdefault(arm, Tally()).add(tokens, seconds, spt_predicted)
+        if own:
+            self.arms.setdefault(arm, Tally()).add(tokens, seconds, spt_predicted)
         self.families.setdefault(family_of(arm), Tally()).add(tokens, seconds, spt_predicted)
 
     def fade(self, factor: float) -> None:

@@ -316,13 +316,13 @@ class AutoPlanner:
         if family_of(arm) == "model" and plan is not None and plan.shape_tokens_per_pass is not None:
             self.gains.observe(plan.builder, plan.shape_tokens_per_pass - 1.0, len(report.path) - 1)
         switch = family_of(arm) == "model" and self._last_family not in (None, "model")  # the drafter caught up first
-        spt_incumbent = self.book.incumbent_spt
         price = self.prices.get(arm, Price(None))
         # a sized round of the target alone that drafted: its pass is not the 1-token pass priced (what the
         # drafts saved against that price is the arm's to learn, not the curve's)
         predicted = price.spt if arm == "target" and n > 1 else price.after_pass(report.pass_seconds)
-        self.book.observe(arm, len(report.path), report.round_seconds, predicted,
-                          self.auditing and arm == self.playing, spt_incumbent, switch)
+        first_tree = family_of(arm) == "model" and self._last_family is None  # the answer's first round: the family's (arms.py)
+        self.book.observe(arm, len(report.path), report.round_seconds, predicted, self.auditing and arm == self.playing,
+                          self.book.incumbent_spt, switch, own=not first_tree)
         self._last_family = family_of(arm)
         self._drafter_lag = 1 if family_of(arm) == "model" else self._drafter_lag + len(report.path)
         self.context = report.context + len(report.path)
