@@ -19,12 +19,12 @@ n* = 0 is a pass of the root alone: exactly the target alone's round. (SuffixDec
 speculation by the match length for the same reason; here the cost curve decides.)
 
 The rounds this picks are the ones whose P_i came out high, and a high estimate is more often too
-high than a low one (the winner's curse): where a pass of 3 costs twice a pass of 1 (a target
-mostly in RAM), the sized rounds accepted half the drafts their P_i promised and the target alone
-with them ran slower than without (docs/measurements/2026-12-05-sizing-record.md). `SizingRecord`
-closes the loop: it compares the drafts the verified rounds were expected to accept with what the
-target accepted and scales the P_i by that ratio (shrunk toward 1, fading, so a session that stops
-drafting comes back to trusting its sources and tries again).
+high than a low one (the winner's curse): where a pass grows steeply with its tokens, rounds that
+verify drafts on such estimates can make the target alone slower than it is without them
+(docs/measurements/2026-12-05-sizing-record.md). `SizingRecord` closes the loop: it compares the
+drafts the verified rounds were expected to accept with what the target accepted and scales the
+P_i by that ratio (shrunk toward 1, fading, so a session that stops drafting comes back to trusting
+its sources and tries again).
 
 Cutting a tree never changes what is accepted from the kept part, so exactness is the tree's.
 """
@@ -38,7 +38,7 @@ import numpy as np
 from ondevice.decode.tree import DraftTree
 
 
-PRIOR_DRAFTS = 2.0  # expected drafts, accepted as expected, each source's record starts with
+PRIOR_DRAFTS = 2.0  # expected drafts, accepted as expected, each builder's record starts with
 FADE = 0.99  # per sized round (most draft nothing): a round weighs 37% a hundred rounds later
 
 

@@ -232,8 +232,8 @@ class ArmBook:
         incumbent's estimate when the round ran (an audit's regret is measured against it).
         own=False: a round any arm of the family would have paid for alike (a tree's first round of
         an answer: the drafter catches up on the prompt, and the answer's first token is the
-        hardest to draft), booked to the family (κ) and not to the arm: one such round of 1 token
-        in 1.5 s, where the arm's rounds average 7 tokens in 1 s, put a tree at twice its spt."""
+        hardest to draft), booked to the family (κ) and not to the arm, which one slow round could
+        otherwise rank below the trees it beats (docs/measurements/2026-12-05-sizing-record.md)."""
         self.fade(DECAY**tokens)
         self.decode_seconds += seconds
         if audit and spt_incumbent is not None:
