@@ -106,6 +106,45 @@ def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them
         assert pipe.engine.target.n_ctx == 1024
 
 
+def least_budget_keeping_the_head(target: ModelSize, drafter: ModelSize, n_ctx: int) -> int:
+    """The smallest RAM budget whose plan at this context keeps the target's LM head in RAM: there
+    the target streams (asserted), its head kept."""
+    def plan(budget: int) -> memory.MemoryPlan:
+        return memory.plan_memory(target, drafter, n_ctx=n_ctx, budget=ram.RamBudget(budget, "test"),
+                                  process_bytes=200 << 20, ahead=load_plan.WINDOW_AHEAD)
+    low, high = 200 << 20, 4 << 30
+    assert plan(high).head_in_ram and not plan(low).head_in_ram
+    while low + 1 < high:
+        low, high = (low, (low + high) // 2) if plan((low + high) // 2).head_in_ram else ((low + high) // 2, high)
+    assert plan(high).streams
+    return high
+
+
+def test_a_chat_whose_context_would_stream_the_lm_head_gets_a_shorter_one_that_keeps_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
+    monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 8)  # layers enough to stream a few with the head kept
+    write_tiny_pair(tmp_path, "deep", arch="llama", head_scale=3.0)
+    spec = DraftSpec("best-first", 4)
+    with ondevice.load("deep", target_backend="llama", threads=1, ctx=256) as pipe:
+        in_ram, _ = answer(pipe, spec)
+    monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
+    monkeypatch.setattr(pair, "anon_rss", lambda: 200 << 20)
+    target, drafter = (ModelSize.from_gguf(tmp_path / "models" / f"deep-{role}.gguf") for role in ("target", "drafter"))
+    least = {n_ctx: least_budget_keeping_the_head(target, drafter, n_ctx) for n_ctx in (1024, 768, 512)}
+    assert least[1024] > least[768] > least[512]
+    chat = dict(target_backend="llama", drafter_backend="llama", threads=1, keep_drafter=True, streaming_ctx=1024)
+    for budget, n_ctx, head in [(least[1024], 1024, True), (least[768], 768, True), (least[512], 512, True),
+                                (least[512] - 1, 1024, False)]:  # no context keeps it: the longest
+        monkeypatch.setattr(load_plan, "ram_budget", lambda: ram.RamBudget(budget, "test"))
+        with ondevice.load("deep", **chat) as pipe:
+            assert pipe.memory.streams and pipe.engine.target.window is not None
+            assert pipe.engine.target.n_ctx == n_ctx and pipe.memory.head_in_ram == head
+            assert answer(pipe, spec)[0] == in_ram
+    monkeypatch.setattr(load_plan, "ram_budget", lambda: ram.RamBudget(least[768], "test"))
+    with ondevice.load("deep", **chat | {"ctx": 1024}) as pipe:  # --ctx wins
+        assert pipe.engine.target.n_ctx == 1024 and not pipe.memory.head_in_ram
+
+
 def ship_tiny_keep_set(home, monkeypatch, name: str = "tiny"):
     """The tiny pair's catalog ships a keep set (every third id), as the default pair's does; no
     trimmed drafter is built yet. Returns (the drafter's path, the kept ids)."""

@@ -295,6 +295,21 @@ HELDOUT25_CHAT = [
 ]
 
 
+HELDOUT26_CODE = [  # written before the streaming chat's context was sized to keep the LM head
+    "Write a Python function that merges overlapping intervals given as a list of (start, end) pairs.",
+    "Write a Go function that returns the words of a sentence in reverse order.",
+    "Write a C function that rotates an array of integers left by k positions in place.",
+    "Write a Kotlin function that validates an email address with a regular expression.",
+]
+
+HELDOUT26_CHAT = [
+    "What are some good habits for keeping a tidy kitchen?",
+    "How does a rainbow form?",
+    "Suggest a simple weekly plan for learning to play the guitar.",
+    "What should I consider before adopting a dog?",
+]
+
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))

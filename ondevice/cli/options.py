@@ -55,7 +55,8 @@ Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (
 Ctx = Annotated[
     Optional[int],
     typer.Option("--ctx", help="Context window in tokens (default 4096; when the target streams from disk, generate and bench "
-                 "size it to the prompt and --max-tokens, and chat uses 2048: its KV cache is RAM the target's layers can use)."),
+                 "size it to the prompt and --max-tokens, and chat uses 2048, or 1536 or 1024 where that keeps the LM head in RAM: "
+                 "its KV cache is RAM the target's layers can use)."),
 ]
 GpuMemory = Annotated[Optional[str], typer.Option("--gpu-memory", help="GPU memory budget for the target, e.g. 6GiB (default: free minus a margin).")]
 RamMemory = Annotated[Optional[str], typer.Option("--ram-memory", help="RAM budget for the target, e.g. 8GiB; what does not fit streams from disk (with a GPU: the pinned RAM for layers streamed to it).")]

@@ -63,14 +63,29 @@ def rpc_context(opts: LoadOptions, answers: Answers | None, tokenizer: Tokenizer
 
 
 def sized_memory(plans: MemoryPlans, target: str, drafter: str, answers: Answers | None, tokenizer: Tokenizer | None) -> tuple[MemoryPlan | None, int]:
-    """(memory plan, context): --ctx or DEFAULT_CTX, or where the target streams and the answers (or
-    the command's own streaming context) are known, the context they need."""
+    """(memory plan, context): --ctx or DEFAULT_CTX, or where the target streams and the answers are
+    known, the context they need; without them, the command's own streaming context (a chat's),
+    shortened where that keeps the LM head in RAM (`head_keeping_context`)."""
     opts = plans.opts
     memory, n_ctx = plans.plan(target, drafter), opts.context
-    if opts.ctx is None and memory is not None and memory.streams and (answers or opts.streaming_ctx):
-        n_ctx = min(DEFAULT_CTX, sized_context(tokenizer, answers, memory.sizes.max_tree) if answers else opts.streaming_ctx)
+    if opts.ctx is None and memory is not None and memory.streams and answers:
+        n_ctx = min(DEFAULT_CTX, sized_context(tokenizer, answers, memory.sizes.max_tree))
+        memory = plans.plan(target, drafter, n_ctx)
+    elif opts.ctx is None and memory is not None and memory.streams and opts.streaming_ctx:
+        n_ctx = head_keeping_context(plans, target, drafter, min(DEFAULT_CTX, opts.streaming_ctx))
         memory = plans.plan(target, drafter, n_ctx)
     return memory, n_ctx
+
+
+def head_keeping_context(plans: MemoryPlans, target: str, drafter: str, longest: int) -> int:
+    """A streaming target's context when the answers are not known (a chat): `longest`, else the
+    longest of ¾ and ½ of it whose plan keeps the LM head in RAM (`MemoryPlan.head_in_ram`): a head
+    that streams is read whole every pass and sends every layer through the page cache, which costs
+    more than the older turns the shorter context drops. `longest` where none keeps it."""
+    for n_ctx in (longest, longest * 3 // 4, longest // 2):
+        if plans.plan(target, drafter, n_ctx).head_in_ram:
+            return n_ctx
+    return longest
 
 
 def pick_backends(opts: LoadOptions, files: PairFiles, threads: int, plans: MemoryPlans) -> tuple[str, str]:

@@ -268,6 +268,12 @@ class MemoryPlan:
         return ((OUTPUT_LAYER,) if keep_head else ()) + spread_layers(sizes, room)
 
     @property
+    def head_in_ram(self) -> bool:
+        """The target's LM head stays in RAM between passes (the whole target in RAM, or its head kept):
+        a streamed head is read whole at the end of every pass and sends every layer through the page cache."""
+        return self.target_in_ram or OUTPUT_LAYER in (self.kept_layers(self.ahead) if self.ahead else ())
+
+    @property
     def kept_layer_count(self) -> int:
         """Decoder layers this plan keeps cached (its LM head not counted); 0 unsteered or in RAM."""
         kept = self.kept_layers(self.ahead) if self.ahead else ()

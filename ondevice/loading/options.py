@@ -10,9 +10,10 @@ from ondevice.errors import OndeviceError
 from ondevice.sizes import parse_size
 
 DEFAULT_CTX = 4096  # tokens of context unless --ctx, or a streaming target answering known prompts (`sized_context`)
-STREAMING_CHAT_CTX = 2048  # `ondevice chat`'s context where the target streams (unless --ctx): answers of its default
-# 1024 tokens and as much history, older turns dropped past it; 4096's KV cache takes RAM the target's kept layers
-# would have (docs/measurements/code-notes.md, "Streaming chat's context")
+STREAMING_CHAT_CTX = 2048  # `ondevice chat`'s longest context where the target streams (unless --ctx): answers of
+# its default 1024 tokens and as much history, older turns dropped past it; 4096's KV cache takes RAM the target's
+# kept layers would have (docs/measurements/code-notes.md, "Streaming chat's context"); shorter where that keeps
+# the LM head in RAM (loading/choices.head_keeping_context)
 TARGET_BACKENDS = ("auto", "torch", "llama", "onnx")
 DRAFTER_BACKENDS = ("auto", "llama", "onnx")
 CPU_BACKENDS = ("llama", "onnx")  # what the profile compares on a CPU (`ondevice profile`), and auto picks among
