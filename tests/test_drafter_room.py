@@ -13,6 +13,8 @@ import pytest
 import ondevice
 from ondevice.catalog.choose import choose
 from ondevice.loading import choices, options, profiling
+from ondevice.loading import plan as load_plan
+from ondevice.machine import ram
 from ondevice.cli.decoding import keeping_drafter
 from ondevice.errors import OndeviceError
 from ondevice.plan.acceptance import default_p_rank
@@ -29,7 +31,7 @@ from ondevice.decode.protocols import FREE_TREE_NODES, DraftSpec
 from ondevice.decode.verify import Sampling
 
 from test_backends import FAST_DRAFT, curve
-from test_streaming_pipeline import MESSAGES, answer, stream_tiny_target, tiny_home  # noqa: F401 - a fixture
+from test_streaming_pipeline import MESSAGES, answer, least_budget_keeping_the_head, stream_tiny_target, tiny_home, write_deep_pair  # noqa: F401 - a fixture
 
 DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 1.02})
 
@@ -105,6 +107,17 @@ def test_with_nothing_measured_the_cost_model_predicts_speculation():
     assert measured.with_source == "measured" and not measured.keep and not measured.explore
 
 
+def test_a_drafter_whose_plan_would_page_is_kept_only_on_what_it_measured():
+    predicted = choose_plan(Curves(DISK_BOUND, FAST_DRAFT), default_p_rank(), overlap_possible=False).predicted_tokens_per_second
+    for factor in (1.5, 2.5):  # predicted faster: to be measured, or kept outright, where the plan does not page
+        saved = Saved(replace(ALONE, seconds=factor / predicted))
+        assert choose_drafter(saved, default_p_rank(), ArmBook(), ArmBook()).keep
+        paging = choose_drafter(saved, default_p_rank(), ArmBook(), ArmBook(), paging=True)
+        assert not paging.keep and not paging.explore and "over budget" in paging.describe()
+    measured = choose_drafter(Saved(ALONE), default_p_rank(), book(**{"best-first@8": (90, 10.0)}), ArmBook(), paging=True)
+    assert measured.keep  # measured in its own regime at 9 tok/s against 4 timed: kept, paging or not
+
+
 def test_a_close_call_is_timed_again_and_the_mean_of_the_last_timings_decides():
     again = ALONE.folded(replace(ALONE, seconds=0.15))
     assert again.seconds == pytest.approx(0.20) and again.timings == 2
@@ -147,6 +160,22 @@ def test_a_regime_without_the_drafter_model_is_booked_apart():
     assert regime_of(Backends()) == "cpu-t2-stream-llama-llama" and regime_of(Lean()) == "cpu-t2-stream-llama-none"
 
 
+def test_rates_measured_with_the_lm_head_kept_do_not_decide_for_a_plan_that_streams_it(tmp_path, monkeypatch):
+    target, drafter = write_deep_pair(tmp_path, monkeypatch)
+    kept = least_budget_keeping_the_head(target, drafter, 256)
+    load = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
+    files, regime = choose("deep", None, None, True), {}
+    for name, budget in (("kept", kept), ("paged", kept - 1)):
+        monkeypatch.setattr(load_plan, "ram_budget", lambda budget=budget: ram.RamBudget(budget, "test"))
+        regime[name] = regime_of(profiling.profile_backends(choices.plan_load(options.LoadOptions(model="deep", **load), files, 200 << 20)))
+    assert regime == {"kept": "cpu-t1-stream-llama-llama", "paged": "cpu-t1-stream-paged-llama-llama"}
+    save_book(book(**{"best-first@8": (10**7, 1.0)}), "deep", regime["kept"])  # measured with the head kept: it pays
+    for budget, source in ((kept, "measured"), (kept - 1, "predicted")):  # another regime: nothing measured there yet
+        monkeypatch.setattr(load_plan, "ram_budget", lambda budget=budget: ram.RamBudget(budget, "test"))
+        with ondevice.load("deep", **load) as pipe:
+            assert pipe.memory.streams and pipe.info["drafter_choice"]["with_source"] == source
+
+
 def regimes(home) -> tuple[str, str]:
     """The planner's regimes of the tiny pair streamed with its drafter and without it."""
     opts = options.LoadOptions(model="tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256)
@@ -164,7 +193,7 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
     with_drafter, without = regimes(tiny_home)
     save_book(book(**{"best-first@8": (100, 1000.0)}), "tiny", with_drafter)  # speculation measured 0.1 tok/s here
     with ondevice.load("tiny", **load) as pipe:
-        (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+        (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream*.json")
         alone_pass = AlonePass.from_dict(Profile.from_dict(json.loads(saved.read_text())).alone)
         assert alone_pass.seconds > 0 and alone_pass.bytes_read_per_pass == pipe.memory.bytes_read_per_pass  # the plan it runs
         assert alone_pass.kept_layers == pipe.memory.kept_layer_count
@@ -185,7 +214,7 @@ def test_a_streaming_target_loads_without_the_drafter_where_the_target_alone_mea
     assert load_book("tiny", with_drafter).arms["best-first@8"].tokens > 0 and book_path("tiny", with_drafter).exists()
     with ondevice.load("tiny", **load) as pipe:
         assert pipe.engine.drafter.model is not None and pipe.info["drafter_choice"]["keep"] is True
-    (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream*.json")
     timed = AlonePass.from_dict(Profile.from_dict(json.loads(saved.read_text())).alone)
     assert timed.timings == 1  # kept by far: not timed again
     book_path("tiny", without).unlink(missing_ok=True)  # against the timed pass, not the free drafts' answers above
@@ -244,7 +273,7 @@ def test_a_drafter_kept_on_a_prediction_is_left_out_once_measured_slower(tiny_ho
         reference, _ = answer(alone, None)
     with ondevice.load("tiny", **load):
         pass  # the streaming profile (the drafter's curves, measured in a child) and the drafter-less pass
-    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream*.json")
     saved = Profile.from_dict(json.loads(path.read_text()))
     fast = 1e-6  # predicted: ~10^5 tok/s with the drafter; the target alone "timed" at 10^4 tok/s, above what it can measure
     saved.targets = {"llama": scaled(DISK_BOUND, fast)}
@@ -302,7 +331,7 @@ def test_a_nearly_fitting_target_is_left_to_the_page_cache_where_that_timed_fast
         assert pipe.memory.streams and not pipe.memory.steered and pipe.engine.target.window is None
         assert "left to the page cache" in pipe.placement
         assert answer(pipe, DraftSpec("auto", 0))[0] == reference
-    (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    (saved,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream*.json")
     assert AlonePass.from_dict(json.loads(saved.read_text())["alone"]).steered is False
     with ondevice.load("tiny", **load) as pipe:  # the next load: as timed, not timed again
         assert planned == [True, False] and not pipe.memory.steered

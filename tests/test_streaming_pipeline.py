@@ -120,16 +120,22 @@ def least_budget_keeping_the_head(target: ModelSize, drafter: ModelSize, n_ctx: 
     return high
 
 
+def write_deep_pair(home, monkeypatch) -> tuple[ModelSize, ModelSize]:
+    """A tiny pair "deep" of 8 layers (enough to stream a few with the LM head kept) in ONDEVICE_HOME=home;
+    its (target, drafter) sizes. The process counts as 200 MB from then on."""
+    monkeypatch.setenv("ONDEVICE_HOME", str(home))
+    monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 8)
+    write_tiny_pair(home, "deep", arch="llama", head_scale=3.0)
+    monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
+    monkeypatch.setattr(pair, "anon_rss", lambda: 200 << 20)
+    return tuple(ModelSize.from_gguf(home / "models" / f"deep-{role}.gguf") for role in ("target", "drafter"))
+
+
 def test_a_chat_whose_context_would_stream_the_lm_head_gets_a_shorter_one_that_keeps_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
-    monkeypatch.setitem(tiny_models.DIMS, "num_hidden_layers", 8)  # layers enough to stream a few with the head kept
-    write_tiny_pair(tmp_path, "deep", arch="llama", head_scale=3.0)
+    target, drafter = write_deep_pair(tmp_path, monkeypatch)
     spec = DraftSpec("best-first", 4)
     with ondevice.load("deep", target_backend="llama", threads=1, ctx=256) as pipe:
         in_ram, _ = answer(pipe, spec)
-    monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
-    monkeypatch.setattr(pair, "anon_rss", lambda: 200 << 20)
-    target, drafter = (ModelSize.from_gguf(tmp_path / "models" / f"deep-{role}.gguf") for role in ("target", "drafter"))
     least = {n_ctx: least_budget_keeping_the_head(target, drafter, n_ctx) for n_ctx in (1024, 768, 512)}
     assert least[1024] > least[768] > least[512]
     chat = dict(target_backend="llama", drafter_backend="llama", threads=1, keep_drafter=True, streaming_ctx=1024)
@@ -139,6 +145,7 @@ def test_a_chat_whose_context_would_stream_the_lm_head_gets_a_shorter_one_that_k
         with ondevice.load("deep", **chat) as pipe:
             assert pipe.memory.streams and pipe.engine.target.window is not None
             assert pipe.engine.target.n_ctx == n_ctx and pipe.memory.head_in_ram == head
+            assert ("-stream-paged-" in pipe.auto_planner().regime) == (not head)  # measured rates of another regime
             assert answer(pipe, spec)[0] == in_ram
     monkeypatch.setattr(load_plan, "ram_budget", lambda: ram.RamBudget(least[768], "test"))
     with ondevice.load("deep", **chat | {"ctx": 1024}) as pipe:  # --ctx wins
@@ -200,7 +207,7 @@ def test_a_streaming_target_measures_both_drafters_alone_and_the_faster_drafts(t
     before = ondevice_threads()
     choices.pick_backends(opts, models, 1, load_plan.MemoryPlans(models, opts))  # nothing saved: measures the streamed target, then each drafter
     assert left_running(before) == []  # the measured target is gone, with its page-cache thread
-    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream*.json")
     measured = Profile.from_dict(json.loads(path.read_text()))
     assert set(measured.targets) == {"llama"} and set(measured.drafters) == {"llama", "onnx"}
     assert measured.target_placement == "disk"
@@ -248,7 +255,7 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
         assert pipe.info["drafter_backend"] == "llama" and pipe.engine.drafter.model.vocab_trimmed
         assert pipe.memory.bytes_read_per_pass == trimmed.bytes_read_per_pass
         pipe.resolve(DraftSpec("auto", 0), Sampling())  # uses the profile the child measured and saved
-    (path,) = (tiny_home / "profiles").glob("*-deep-cpu-t1-stream.json")
+    (path,) = (tiny_home / "profiles").glob("*-deep-cpu-t1-stream*.json")
     measured = Profile.from_dict(json.loads(path.read_text()))
     assert set(measured.drafters) == {"llama"}
     measured.targets = {"llama": DISK_BOUND}
@@ -256,6 +263,12 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     save_profile(measured)
     with ondevice.load("deep", threads=1, ctx=256, keep_drafter=True) as pipe:
         assert pipe.info["drafter_backend"] == "llama"
+    OnnxDrafter(models.drafter, n_ctx=256, threads=1, vocab_trim=True, show=False).close()  # exported with the trimmed head
+    stream_tiny_target(tiny_home, monkeypatch, "deep")  # room for no layer and no head, whichever drafter
+    paged = load_plan.MemoryPlans(models, opts)
+    assert not paged.plan("llama", "llama").head_in_ram and paged.plan("llama", "llama").kept_layer_count == 0
+    assert paged.plan("llama", "llama").bytes_read_per_pass == paged.plan("llama", "onnx").bytes_read_per_pass
+    assert choices.leanest_drafters(paged, "llama") == ("llama",)  # both read the whole file: the smaller leaves the pages more
 
 
 def test_a_streaming_profile_times_the_trees_the_load_plans(tiny_home, monkeypatch):
@@ -273,7 +286,7 @@ def test_a_streaming_profile_times_the_trees_the_load_plans(tiny_home, monkeypat
     profile = profiling.streaming_profile(plan)
     timed = profile.targets["llama"]
     assert profiling.times_trees_of(timed, plan.memory.sizes.max_tree)
-    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream.json")
+    (path,) = (tiny_home / "profiles").glob("*-tiny-cpu-t1-stream*.json")
     data = json.loads(path.read_text())
     data["targets"]["llama"] = {"ns": [1, 2], "seconds": [0.5, 0.5]}  # a profile timed under smaller buffers
     path.write_text(json.dumps(data))

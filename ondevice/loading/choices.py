@@ -134,12 +134,13 @@ def leanest_drafters(plans: MemoryPlans, target: str) -> tuple[str, ...]:
     """For a target that streams from disk: the drafter backends whose memory plan reads the fewest
     bytes per pass. A streamed pass costs about the bytes it reads, and every byte a drafter holds
     in RAM is one more the target reads again each pass, which no faster drafting wins back (README,
-    "Larger than memory", item 4: a faster but larger drafter). Drafters that leave
-    the same are compared by their measured speed."""
+    "Larger than memory", item 4: a faster but larger drafter). Of those, the ones whose plan holds the
+    least in RAM: where every plan reads the whole file (its LM head streamed too), a larger drafter
+    only takes what the pass's pages need. Drafters that leave the same are compared by their measured speed."""
     candidates = [d for d in CPU_BACKENDS if d != "onnx" or onnx_drafter_built(plans.files.drafter, plans.opts.vocab_trim)]
-    reads = {d: plans.plan(target, d).bytes_read_per_pass for d in candidates}
-    least = min(reads.values())
-    return tuple(d for d in candidates if reads[d] == least)
+    cost = {d: (plans.plan(target, d).bytes_read_per_pass, plans.plan(target, d).resident_bytes) for d in candidates}
+    least = min(cost.values())
+    return tuple(d for d in candidates if cost[d] == least)
 
 
 def onnx_drafter_built(path: Path, vocab_trim: bool) -> bool:

@@ -19,11 +19,12 @@ from ondevice.decode.protocols import MAX_BUDGET
 
 
 def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, drafters: tuple[str, ...] = CPU_BACKENDS,
-                     lean_curve=None):
+                     lean_curve=None, key: str | None = None):
     """What the profile measures: the loaded target and drafter (factories given; default: opened as
     planned), and the other CPU backends `ondevice profile` compares them with (of `drafters`). One
     profile file per pair and machine setup ("cpu-t2", "cuda-t16"; "cpu-t2-stream" when the memory
-    plan streams the target from disk, another regime): every backend's curves live in it."""
+    plan streams the target from disk, another regime, `streaming_key`; `key` gives it instead): every
+    backend's curves live in it."""
     files, target, drafter, threads, memory = plan.files, plan.target_backend, plan.drafter_backend, plan.threads, plan.memory
     on_gpu = target == "torch" and cuda_available()
     spare_cores = physical_cores() >= 2 * threads  # the drafter would not take the target's cores
@@ -41,10 +42,22 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
         make_decode_batch=make_decode_batch if make_decode_batch or files.drafter is None else sized_drafter,
         overlap_possible=on_gpu or spare_cores, max_tree=min(largest_tree(on_gpu), memory.sizes.max_tree if memory else MAX_BUDGET),
         target_name=target, drafter_name=drafter, other_targets={} if on_gpu else others_t, other_drafters=others_d,
-        key=f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + ("-stream" if plan.streams else "") + (f"-{plan.split.key}" if plan.split else ""),
+        key=key or f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + streaming_key(memory) + (f"-{plan.split.key}" if plan.split else ""),
         memory=memory, profile_first=on_gpu,
         lean_curve=lean_curve,
     )  # fmt: skip
+
+
+def streaming_key(memory) -> str:
+    """The regime part of a profile's key: "" in RAM (or no memory plan), "-stream" where the target
+    streams with its LM head kept, "-stream-paged" where the head streams too: every layer then goes
+    through the page cache, whose passes compute slower and read more, so neither the curves nor the
+    rates the planner's book measured with the head kept hold there (a chat or server at a context
+    that left the head out kept the drafter on rates measured with it kept, and ran slower than
+    without it: docs/measurements/2026-12-05-streaming-chat-context.md)."""
+    if memory is None or not memory.streams:
+        return ""
+    return "-stream" if memory.head_in_ram else "-stream-paged"
 
 
 def streaming_profile(plan: LoadPlan, drafters=CPU_BACKENDS, compare: bool = False):
@@ -65,7 +78,8 @@ def streaming_profile(plan: LoadPlan, drafters=CPU_BACKENDS, compare: bool = Fal
     if timed is not None and plan.drafter_backend in found.drafters and not stale:
         return found
     child = multiprocessing.get_context("spawn").Process(
-        target=_measure_streaming, args=(measured, plan.memory.process_bytes, drafters, compare, stale), name="ondevice-profile"
+        target=_measure_streaming, args=(measured, plan.memory.process_bytes, drafters, compare, stale, backends.key),
+        name="ondevice-profile",
     )
     child.start()
     child.join()
@@ -89,13 +103,14 @@ def times_trees_of(curve, max_tree: int) -> bool:
     return curve.max_n >= max_tree or curve(curve.max_n) > MAX_TOKENS_PER_PASS * curve(curve.ns[0])
 
 
-def _measure_streaming(plan: LoadPlan, process_bytes: int, drafters, compare: bool, refresh: bool = False) -> None:
+def _measure_streaming(plan: LoadPlan, process_bytes: int, drafters, compare: bool, refresh: bool, key: str) -> None:
     """In the child process of `streaming_profile`: measure and save the profile, with the parent's
     memory plan, or planned as the parent plans (the same process size) within what it leaves;
-    `refresh`: measured anew (the saved profile's passes stop short of the plan's trees)."""
+    `refresh`: measured anew (the saved profile's passes stop short of the plan's trees). Saved under
+    the parent's `key`: a plan made within less room may keep the LM head where the parent's does not."""
     try:
         memory = plan.memory or MemoryPlans(plan.files, plan.options, process_bytes).plan(plan.target_backend, plan.drafter_backend, plan.n_ctx)
-        get_profile(profile_backends(replace(plan, memory=memory), drafters=drafters), refresh=refresh, compare=compare)
+        get_profile(profile_backends(replace(plan, memory=memory), drafters=drafters, key=key), refresh=refresh, compare=compare)
     except Exception as err:  # noqa: BLE001 - one line; the parent measures in its own process instead
         print(f"ondevice: measuring the streaming profile apart failed ({err}); the main process measures it", file=sys.stderr)
         sys.exit(1)
