@@ -119,11 +119,11 @@ class DrafterChoice:
     layers_without: int = 0
     explore: bool = False  # kept to be measured: predicted faster, by less than UNSURE, and not measured yet
     steered_without: bool = True  # False: without the drafter the file is left to the kernel's page cache
-    pages: bool = False  # with the drafter the plan has less room than a streamed pass needs (`pages`)
+    over_budget: bool = False  # with the drafter the plan has less room than a streamed pass needs (`pages`)
 
     def describe(self) -> str:
         verdict = "drafter loaded to measure it" if self.explore else "drafter loaded" if self.keep else "drafter left out"
-        paging = ", over budget" if self.pages else ""
+        paging = ", over budget" if self.over_budget else ""
         return (f"{verdict}: with it {self.with_drafter:.2f} tok/s ({self.with_source}, {self.layers_with} layers kept{paging}), "
                 f"without it {self.without:.2f} tok/s ({self.without_source}, "
                 + (f"{self.layers_without} layers kept)" if self.steered_without else "the file left to the page cache)"))
