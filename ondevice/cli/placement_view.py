@@ -37,7 +37,7 @@ def place(target: ModelSize, drafter: ModelSize | None, budget: RamBudget | None
         return "fits in RAM"
     if plan.bytes_read_per_pass == 0:  # every layer kept: read once, then held in the page cache
         return "fits in RAM, mapped (nothing read per pass)"
-    over = " (over budget: heavy paging)" if plan.cache_room < plan.target.streamed_window else ""
+    over = " (over budget: heavy paging)" if plan.over_budget else ""
     return f"streams from disk, {format_bytes(plan.bytes_read_per_pass)} per pass{over}"
 
 

@@ -68,13 +68,14 @@ def sized_memory(plans: MemoryPlans, target: str, drafter: str, answers: Answers
     shortened where that keeps the LM head in RAM (`head_keeping_context`)."""
     opts = plans.opts
     memory, n_ctx = plans.plan(target, drafter), opts.context
-    if opts.ctx is None and memory is not None and memory.streams and answers:
+    streams = opts.ctx is None and memory is not None and memory.streams
+    if streams and answers:
         n_ctx = min(DEFAULT_CTX, sized_context(tokenizer, answers, memory.sizes.max_tree))
-        memory = plans.plan(target, drafter, n_ctx)
-    elif opts.ctx is None and memory is not None and memory.streams and opts.streaming_ctx:
+    elif streams and opts.streaming_ctx:
         n_ctx = head_keeping_context(plans, target, drafter, min(DEFAULT_CTX, opts.streaming_ctx))
-        memory = plans.plan(target, drafter, n_ctx)
-    return memory, n_ctx
+    else:
+        return memory, n_ctx
+    return plans.plan(target, drafter, n_ctx), n_ctx
 
 
 def head_keeping_context(plans: MemoryPlans, target: str, drafter: str, longest: int) -> int:

@@ -27,8 +27,7 @@ test). Free drafts stay on either way: they need no RAM.
 The timed pass is one moment of a disk whose speed drifts, so where the drafter is kept by less than
 UNSURE the next load times it again and the mean decides (`AlonePass.folded`).
 `--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
-Where the plan with the drafter has less room than a streamed pass needs (`pages`: its "over budget"
-note) and the one without it does not, only a rate measured in its own regime keeps the drafter: the
+Where the plan with the drafter has less room than a streamed pass needs (`MemoryPlan.over_budget`) and the one without it does not, only a rate measured in its own regime keeps the drafter: the
 prediction rests on passes timed in a child holding the target alone, which paged less.
 
 Where the target without the drafter nearly fits (its plan reads at most NEAR_FIT of the file per
@@ -119,7 +118,7 @@ class DrafterChoice:
     layers_without: int = 0
     explore: bool = False  # kept to be measured: predicted faster, by less than UNSURE, and not measured yet
     steered_without: bool = True  # False: without the drafter the file is left to the kernel's page cache
-    over_budget: bool = False  # with the drafter the plan has less room than a streamed pass needs (`pages`)
+    over_budget: bool = False  # with the drafter the plan has less room than a streamed pass needs (MemoryPlan.over_budget)
 
     def describe(self) -> str:
         verdict = "drafter loaded to measure it" if self.explore else "drafter loaded" if self.keep else "drafter left out"
@@ -161,7 +160,7 @@ def choose_drafter(profile, p_rank, book_with: ArmBook, book_without: ArmBook, l
     nothing to compare (no drafter-less pass timed). The books as loaded (`load_book`, at LOAD_WEIGHT):
     an arm one session measured MEASURED_TOKENS of counts as measured (else the drafter a session
     measured slower is predicted again at the next load, and loaded again to be measured). `paging`:
-    the plan with the drafter `pages` and the one without does not; then only a measured rate keeps
+    the plan with the drafter is over budget and the one without is not; then only a measured rate keeps
     the drafter: its profile's passes were timed in a child holding the target alone, which paged less."""
     alone = AlonePass.from_dict(getattr(profile, "alone", None))
     if alone is None or alone.seconds <= 0:
@@ -197,19 +196,13 @@ def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, D
     name = plan.files.name
     books = load_book(name, regime_of(profile_backends(plan))), load_book(name, regime_of(profile_backends(lean)))
     layers, p_rank = plan.memory.kept_layer_count, AcceptanceTracker.load(name).p_rank
-    paging = pages(plan.memory) and not pages(plan.lean.memory)
+    paging = plan.memory.over_budget and not plan.lean.memory.over_budget
     choice = choose_drafter(profile, p_rank, *books, layers_with=layers, paging=paging)
     if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
         time_alone_into(profile, plan.lean, AlonePass.from_dict(profile.alone), status)
         choice = choose_drafter(profile, p_rank, *books, layers_with=layers, paging=paging)
         lean = AlonePass.from_dict(profile.alone).plan_for(plan.lean)
     return (plan if choice is None or choice.keep else lean), choice
-
-
-def pages(memory) -> bool:
-    """Whether a streaming plan has less room than a streamed pass needs in flight (the plan's "over
-    budget" note, `ModelSize.streamed_window`): its pages are evicted before they are used."""
-    return memory is not None and memory.streams and memory.cache_room < memory.target.streamed_window
 
 
 def drafterless_curve(profile, plan: LoadPlan) -> LatencyCurve | None:

@@ -210,6 +210,11 @@ class MemoryPlan:
         return max(0, self.budget.bytes - self.resident_bytes - MARGIN)
 
     @property
+    def over_budget(self) -> bool:
+        """Streaming with less room than a pass needs in flight: its pages are evicted before they are used."""
+        return self.streams and self.cache_room < self.target.streamed_window
+
+    @property
     def decode_slack(self) -> int:
         """Room the kept layers leave for what decoding adds past the plan: DECODE_COPIES copies of
         the largest tree's logits (Python's own copy, verification's): without it that memory is
@@ -269,8 +274,7 @@ class MemoryPlan:
 
     @property
     def head_in_ram(self) -> bool:
-        """The target's LM head stays in RAM between passes (the whole target in RAM, or its head kept):
-        a streamed head is read whole at the end of every pass and sends every layer through the page cache."""
+        """The LM head stays in RAM between passes (a streamed one sends every layer through the page cache)."""
         return self.target_in_ram or OUTPUT_LAYER in (self.kept_layers(self.ahead) if self.ahead else ())
 
     @property
@@ -384,7 +388,7 @@ def plan_memory(
         alone = plan_memory(target, None, n_ctx=n_ctx, max_tree=max_tree, budget=budget, process_bytes=process)
     note = ["without the drafter the target would fit in RAM (a load leaves it out where that is faster: --keep-drafter keeps it)"] if alone and alone.target_in_ram else []
     streaming = [p for p in (plan(tree, False, note) for tree in streaming_tree_sizes(max_tree, tree_nodes))
-                 if p.cache_room >= target.streamed_window]  # fmt: skip
+                 if not p.over_budget]  # fmt: skip
     keeping_head = [p for p in streaming if OUTPUT_LAYER in p.kept_layers(ahead)] if ahead else []
     if keeping_head or streaming:
         return (keeping_head or streaming)[0]

@@ -164,7 +164,7 @@ def check_fits(model: SyntheticModel, opts: LoadOptions, memory: MemoryPlan | No
     room = psutil.virtual_memory().available - RAM_MARGIN
     on_cpu = not torch.cuda.is_available() and (opts.device or "cpu").startswith("cpu")
     if memory is not None:
-        if memory.streams and memory.cache_room < memory.target.streamed_window:
+        if memory.over_budget:
             raise OndeviceError(f"the synthetic {model.shape.name} would page heavily here ({memory.describe()}); measure it on a machine with more memory.")
         return
     if model.role == "drafter":
