@@ -160,13 +160,31 @@ class LlamaModel:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
         self.n_embd = int(llama_cpp.llama_model_n_embd(self.handle))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.handle))
+        self._readers: set[int] = set()  # ids of the objects reading its vocabulary (a Tokenizer: `lend_vocab`)
+        self._closed = False
+
+    def lend_vocab(self, reader: object) -> int:
+        """The vocabulary's handle, for `reader` to use until it calls `vocab_returned(reader)`: until
+        then close() leaves the model loaded (it is freed when the last of them is done)."""
+        if self._closed:
+            raise ValueError(f"the model {self.path.name} is closed")
+        self._readers.add(id(reader))
+        return llama_cpp.llama_model_get_vocab(self.handle)
+
+    def vocab_returned(self, reader: object) -> None:
+        self._readers.discard(id(reader))
+        if self._closed:
+            self.close()
 
     def close(self) -> None:
-        if getattr(self, "handle", None):
+        """Free the model now, or once every reader of its vocabulary is done (again: nothing)."""
+        self._closed = True
+        if getattr(self, "handle", None) and not self._readers:
             llama_cpp.llama_model_free(self.handle)
             self.handle = None
 
     def __del__(self) -> None:
+        self._readers = set()  # unreachable: nothing reads it any more
         self.close()
 
 

@@ -241,3 +241,36 @@ def test_full_context_is_an_ondevice_error(tiny_gguf):
     ctx.decode(np.arange(200), np.arange(200), np.zeros(200, np.int32), np.zeros(200, bool))
     with pytest.raises(OndeviceError, match="is full"):
         ctx.decode(np.arange(100), 200 + np.arange(100), np.zeros(100, np.int32), np.zeros(100, bool))
+
+
+def test_a_tokenizer_reading_a_loaded_models_vocabulary_tokenizes_as_its_own_copy(tiny_gguf, tmp_path):
+    """The pipeline's tokenizer reads the llama.cpp target's vocabulary (one copy in RAM, not two):
+    it must tokenize exactly as a vocab-only load of the same file, and keep the model loaded until
+    it is closed too, whichever closes first."""
+    from ondevice.prompt.tokenizer import Tokenizer
+
+    own, shared = Tokenizer(tiny_gguf), Tokenizer(tiny_gguf)
+    model = lb.LlamaModel(tiny_gguf)
+    shared.read_from(model)
+    assert shared.reads_from is model and own.reads_from is None
+
+    def same() -> None:
+        text = "the quick brown fox jumps over 12 lazy dogs <|im_end|>\n"
+        assert shared.encode(text) == own.encode(text) and shared.encode(text, add_special=True) == own.encode(text, add_special=True)
+        assert shared.special_ids() == own.special_ids() and shared.n_vocab == own.n_vocab
+        for t in range(own.n_vocab):
+            assert (shared.text(t), shared.attr(t), shared.piece(t, special=True), shared.is_end(t)) == \
+                   (own.text(t), own.attr(t), own.piece(t, special=True), own.is_end(t))
+
+    same()
+    model.close()  # the target closes first (Pipeline.close): the tokenizer still reads it
+    assert model.handle is not None
+    same()
+    shared.close()
+    assert model.handle is None  # freed with its last reader
+    shared.close()  # twice is fine
+
+    other = write_tiny_gguf(tmp_path / "other.gguf", arch="qwen2")
+    with pytest.raises(ValueError, match="not"):
+        own.read_from(lb.LlamaModel(other))
+    own.close()

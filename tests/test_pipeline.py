@@ -160,3 +160,21 @@ def test_close_frees_models_and_threads_and_the_pair_loads_again(tmp_path, monke
     with ondevice.load("tiny", **options) as again:
         assert answer(again) == first
     assert left_running(before) == []
+
+
+def test_the_tokenizer_reads_the_llama_targets_vocabulary_and_close_frees_both(tiny_home):
+    """A llama.cpp target's vocabulary is held once: the pipeline's tokenizer reads the target's model
+    (the memory plan counts one copy); the answer is the same as with a vocab-only tokenizer of the
+    file, and closing the pipeline frees the model."""
+    from ondevice.prompt.tokenizer import Tokenizer
+
+    with ondevice.load("tiny", target_backend="llama", ctx=256, threads=1) as pipe:
+        target = pipe.engine.target.model
+        assert pipe.tokenizer.reads_from is target
+        own = Tokenizer(target.path)
+        ids = pipe.encode_chat(MESSAGES)
+        assert ids == own.encode_chat(MESSAGES)
+        answer = [t for r in pipe.stream(MESSAGES, max_tokens=12, spec=DraftSpec("chain", 3)) for t in r.token_ids]
+        assert own.decode(answer) == pipe.tokenizer.decode(answer)
+        own.close()
+    assert target.handle is None and pipe.tokenizer.reads_from is None

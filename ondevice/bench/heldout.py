@@ -309,6 +309,20 @@ HELDOUT26_CHAT = [
     "What should I consider before adopting a dog?",
 ]
 
+HELDOUT27_CODE = [  # written before the tokenizer shared the target's vocabulary
+    "Write a Python function that run-length encodes a string, turning 'aaabcc' into 'a3b1c2'.",
+    "Write a JavaScript function that converts Fahrenheit to Celsius, rounded to one decimal place.",
+    "Write a Rust function that tells whether a given year is a leap year.",
+    "Write a Java method that transposes a square matrix of integers in place.",
+]
+
+HELDOUT27_CHAT = [
+    "How do ocean tides work?",
+    "What can I put in a home compost bin, and what should I leave out?",
+    "Any tips for getting over jet lag after a long flight?",
+    "Why do volcanoes erupt?",
+]
+
 
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""

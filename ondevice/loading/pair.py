@@ -20,9 +20,10 @@ from ondevice.loading.options import Answers, LoadOptions
 from ondevice.loading.plan import LoadPlan
 from ondevice.loading.rpc_load import profile_split
 from ondevice.loading.profiling import profile_backends, streaming_profile
-from ondevice.machine.ram import anon_rss
+from ondevice.machine.ram import anon_rss, trim_heap
 from ondevice.plan.profile import ProfileBackends
 from ondevice.prompt.tokenizer import Tokenizer
+from ondevice.targets.llama_target import LlamaTarget
 
 
 @dataclass
@@ -56,6 +57,9 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     if files.drafter is not None:
         drafter = cross_vocab.open_drafter(plan, tokenizer, status)  # another tokenizer: drafts the tokens both hold
     target = plan.open_target()
+    if isinstance(target, LlamaTarget):
+        tokenizer.read_from(target.model)  # one copy of its vocabulary in RAM, as the plan counted
+        trim_heap()  # and the freed copy handed back to the OS (the page cache's room)
     backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
     if plan.split is not None and drafter is not None:  # a split's passes: its own curve, timed once (rpc_load.py)
         profile_split(backends, status)

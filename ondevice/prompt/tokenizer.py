@@ -1,6 +1,7 @@
 """Text ↔ token ids and the chat template, read from a GGUF's own vocabulary (llama.cpp, vocab only).
 
-Loading vocab-only touches no weights, so it is fast and safe on any CPU.
+Loading vocab-only touches no weights, so it is fast and safe on any CPU. Once the target is loaded
+by llama.cpp from the same file, the tokenizer reads that model's vocabulary instead (`read_from`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ondevice.errors import OndeviceError
 class Tokenizer:
     def __init__(self, gguf_path: str | Path):
         self.path = Path(gguf_path)
+        self._lender: llama_backend.LlamaModel | None = None  # the loaded model whose vocabulary it reads (`read_from`)
         self._model = llama_backend.load_model(self.path, vocab_only=True)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -34,11 +36,32 @@ class Tokenizer:
         template = llama_cpp.llama_model_chat_template(self._model, None)
         self.chat_template = template.decode("utf-8", errors="replace") if template else None  # bytes from the file: never trusted to be UTF-8
 
+    def read_from(self, model: llama_backend.LlamaModel) -> None:
+        """Read the vocabulary from `model`, a llama.cpp load of this same file (the target), and free
+        this tokenizer's own vocab-only copy: one copy in RAM instead of two (a 150k-token vocabulary
+        holds ~45 MB; the memory plan counts one). The model stays loaded until this tokenizer is
+        closed too."""
+        if model.path.resolve() != self.path.resolve():
+            raise ValueError(f"{model.path.name} is not {self.path.name}: a tokenizer reads its own file's vocabulary")
+        if self._lender is model:
+            return
+        vocab = model.lend_vocab(self)
+        self.close()
+        self._model, self._vocab, self._lender = model.handle, vocab, model
+
+    @property
+    def reads_from(self) -> llama_backend.LlamaModel | None:
+        """The loaded model whose vocabulary it reads (`read_from`); None: its own vocab-only copy."""
+        return self._lender
+
     def close(self) -> None:
-        """Free the vocabulary now (it is also freed at garbage collection)."""
-        if getattr(self, "_model", None) is not None:
+        """Let go of the vocabulary now (it is also freed at garbage collection)."""
+        if getattr(self, "_lender", None) is not None:
+            self._lender.vocab_returned(self)
+            self._lender = None
+        elif getattr(self, "_model", None) is not None:
             llama_cpp.llama_model_free(self._model)
-            self._model = None
+        self._model = None
 
     def __del__(self) -> None:
         self.close()
