@@ -361,3 +361,27 @@ def test_a_timed_target_alone_must_beat_measured_speculation_by_the_planners_dis
     assert measured_slower(1.4, timed)  # below half the timed rate
     measured = replace(timed, without_source="measured")
     assert measured_slower(2.5, measured) and not measured_slower(3.1, measured)  # measured against measured: plainly
+
+
+def test_a_drafterless_plan_is_timed_with_its_buffers_in_use(tiny_home, monkeypatch):  # noqa: F811
+    """The drafter-less passes are timed after one prompt-sized pass: llama.cpp's compute buffers are then
+    the process's pages, as in a conversation, not room the page cache has only while it is timed."""
+    from ondevice.loading import drafter_room
+    from ondevice.plan.latency import ALONE_CONTEXT
+    from ondevice.targets.llama_target import LlamaTarget
+
+    stream_tiny_target(tiny_home, monkeypatch)
+    timed, prefills = drafter_room.time_plan, []
+
+    def time_plan(lean):
+        prefills.append([])
+        return timed(lean)
+
+    original = LlamaTarget.prefill
+    monkeypatch.setattr(LlamaTarget, "prefill", lambda self, tokens: (prefills[-1].append(len(tokens)) if prefills else None, original(self, tokens))[1])
+    monkeypatch.setattr(drafter_room, "time_plan", time_plan)
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=False) as pipe:
+        assert pipe.memory.streams and prefills
+    ubatch = pipe.memory.sizes.target_ubatch
+    for sizes in prefills:  # each timing: the buffers' pass first, then the timed context
+        assert sizes[0] == min(ubatch, 256 // 2) > ALONE_CONTEXT and ALONE_CONTEXT in sizes[1:]

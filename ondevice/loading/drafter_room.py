@@ -241,6 +241,17 @@ def time_alone(lean: LoadPlan) -> AlonePass:
     return kernel if kernel.seconds < steered.seconds else steered
 
 
+def use_buffers(target, n_tokens: int) -> None:
+    """One prompt's pass of n_tokens stand-in tokens, then dropped: llama.cpp's compute buffers and the
+    first KV cells become pages of the process, as in a conversation after its first prompt. Passes
+    timed over a short context alone leave them untouched (46 MB for the default pair at a chat's
+    2048-token context), room the page cache then has while timed and not later: a file left to the
+    kernel timed as if it fit (docs/measurements/2026-12-06-one-vocabulary.md)."""
+    n_tokens = min(n_tokens, target.n_ctx // 2)
+    target.prefill([(i * 7919 + 11) % target.n_vocab for i in range(n_tokens)])
+    target.truncate(0)
+
+
 def time_plan(lean: LoadPlan) -> AlonePass:
     """The target's passes of 1 … a free round's nodes, loaded as `lean` plans. Timed here, before
     anything else is loaded, as the profile times passes: the plan the load would run, where a child
@@ -250,6 +261,8 @@ def time_plan(lean: LoadPlan) -> AlonePass:
     largest = MAX_LOOKUP_BUDGET + 1 if memory is None else min(memory.sizes.max_tree, MAX_LOOKUP_BUDGET + 1)
     target = lean.open_target()
     try:  # every size a sized free round can pass (the planner's curve without the drafter), 1-3 s here
+        if memory is not None and memory.streams:
+            use_buffers(target, memory.sizes.target_ubatch)
         timing, _ = measure_target_timing(target, ns=pass_sizes(largest), context_tokens=ALONE_CONTEXT, show=False, prune=False)
     finally:
         target.close()
