@@ -378,7 +378,13 @@ def test_a_drafterless_plan_is_timed_with_its_buffers_in_use(tiny_home, monkeypa
         return timed(lean)
 
     original = LlamaTarget.prefill
-    monkeypatch.setattr(LlamaTarget, "prefill", lambda self, tokens: (prefills[-1].append(len(tokens)) if prefills else None, original(self, tokens))[1])
+
+    def prefill(self, tokens):
+        if prefills:
+            prefills[-1].append(len(tokens))
+        return original(self, tokens)
+
+    monkeypatch.setattr(LlamaTarget, "prefill", prefill)
     monkeypatch.setattr(drafter_room, "time_plan", time_plan)
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=False) as pipe:
         assert pipe.memory.streams and prefills

@@ -4,6 +4,8 @@ Everything goes through `huggingface_hub` (no hand-written HTTP): `get_hf_file_m
 file's size and digest (an LFS file's `X-Linked-Etag` is the sha256 of its bytes), `hf_hub_download`
 into a staging folder beside the final path (it resumes from there), `HfApi.list_repo_tree` to pick
 a file by quantization for `hf:owner/repo:Q4_K_M`. The caller (hub.py) verifies and places files.
+huggingface_hub (and tqdm) are imported where a file is asked of the hub, not with this module: a load
+of files already here leaves their memory to the page cache.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def with_hub_digests(model_file: ModelFile, parts: list[Part]) -> list[Part]:
             filled.append(part)
             continue
         try:
-            from huggingface_hub import get_hf_file_metadata, hf_hub_url  # lazy: see _bar_into
+            from huggingface_hub import get_hf_file_metadata, hf_hub_url  # lazy (module docstring)
 
             meta = get_hf_file_metadata(hf_hub_url(model_file.hf_repo, part.hf_file, revision=model_file.hf_revision, endpoint=url))
         except Exception as err:  # whatever the client raises (not found, gated, HTTP error): this source cannot deliver
@@ -120,7 +122,7 @@ def download(model_file: ModelFile, part: Part, progress: Progress, task: TaskID
     final = paths.inside(paths.models_dir(), part.file, f"{model_file.hf_repo}/{part.hf_file}")
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
-        from huggingface_hub import hf_hub_download  # lazy: see _bar_into
+        from huggingface_hub import hf_hub_download  # lazy (module docstring)
 
         staged = hf_hub_download(
             model_file.hf_repo, part.hf_file, revision=model_file.hf_revision,
@@ -135,10 +137,8 @@ def download(model_file: ModelFile, part: Part, progress: Progress, task: TaskID
 
 def _bar_into(progress: Progress, task: TaskID) -> type:
     """A tqdm class for hf_hub_download that draws nothing itself and advances one rich task, so a
-    split model's parts fill one bar. huggingface_hub and tqdm are imported where a file is asked of
-    the hub, not with this module: its HTTP client holds ~12 MB of RAM that a load under a memory
-    limit gives to the page cache instead."""
-    from tqdm.auto import tqdm
+    split model's parts fill one bar."""
+    from tqdm.auto import tqdm  # lazy (module docstring)
 
     class TaskBar(tqdm):
         def __init__(self, *args, **kwargs):
@@ -167,7 +167,7 @@ def file_for_quant(repo: str, quant: str, revision: str = "main") -> str:
             f"cannot look up {repo}:{quant}: the Hugging Face Hub is {err}; check your network connection, or pass a local GGUF file"
         ) from None
     try:
-        from huggingface_hub import HfApi  # lazy: see _bar_into
+        from huggingface_hub import HfApi  # lazy (module docstring)
 
         names = [entry.path for entry in HfApi(endpoint=url).list_repo_tree(repo, revision=revision, recursive=True) if hasattr(entry, "size")]
     except Exception as err:

@@ -244,9 +244,8 @@ def time_alone(lean: LoadPlan) -> AlonePass:
 def use_buffers(target, n_tokens: int) -> None:
     """One prompt's pass of n_tokens stand-in tokens, then dropped: llama.cpp's compute buffers and the
     first KV cells become pages of the process, as in a conversation after its first prompt. Passes
-    timed over a short context alone leave them untouched (46 MB for the default pair at a chat's
-    2048-token context), room the page cache then has while timed and not later: a file left to the
-    kernel timed as if it fit (docs/measurements/2026-12-06-one-vocabulary.md)."""
+    timed over a short context alone leave them untouched: room the page cache has while timed and
+    not later, so a file left to the kernel timed as if it fit (docs/measurements/2026-12-06-one-vocabulary.md)."""
     n_tokens = min(n_tokens, target.n_ctx // 2)
     target.prefill([(i * 7919 + 11) % target.n_vocab for i in range(n_tokens)])
     target.truncate(0)

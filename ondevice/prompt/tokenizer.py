@@ -38,9 +38,9 @@ class Tokenizer:
 
     def read_from(self, model: llama_backend.LlamaModel) -> None:
         """Read the vocabulary from `model`, a llama.cpp load of this same file (the target), and free
-        this tokenizer's own vocab-only copy: one copy in RAM instead of two (a 150k-token vocabulary
-        holds ~45 MB; the memory plan counts one). The model stays loaded until this tokenizer is
-        closed too."""
+        this tokenizer's own vocab-only copy: one copy in RAM instead of two, as the memory plan counts
+        (docs/measurements/2026-12-06-one-vocabulary.md). The model stays loaded until this tokenizer
+        is closed too."""
         if model.path.resolve() != self.path.resolve():
             raise ValueError(f"{model.path.name} is not {self.path.name}: a tokenizer reads its own file's vocabulary")
         if self._lender is model:
