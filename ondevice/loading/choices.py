@@ -139,7 +139,8 @@ def leanest_drafters(plans: MemoryPlans, target: str) -> tuple[str, ...]:
     least in RAM: where every plan reads the whole file (its LM head streamed too), a larger drafter
     only takes what the pass's pages need. Drafters that leave the same are compared by their measured speed."""
     candidates = [d for d in CPU_BACKENDS if d != "onnx" or onnx_drafter_built(plans.files.drafter, plans.opts.vocab_trim)]
-    cost = {d: (plans.plan(target, d).bytes_read_per_pass, plans.plan(target, d).resident_bytes) for d in candidates}
+    planned = {d: plans.plan(target, d) for d in candidates}
+    cost = {d: (p.bytes_read_per_pass, p.resident_bytes) for d, p in planned.items()}
     least = min(cost.values())
     return tuple(d for d in candidates if cost[d] == least)
 
