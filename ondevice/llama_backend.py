@@ -1,7 +1,8 @@
 """llama.cpp, the one place: load GGUF models and contexts, decode batches, manage the KV cache.
 
 Everything else in ondevice talks to llama.cpp through this file (the low-level ctypes API of
-llama-cpp-python). What it takes care of:
+llama-cpp-python), but for the eval callback a streaming target steers by
+(targets/layer_callback.py). What it takes care of:
 
 - **Repacked weights where they run.** llama.cpp's faster CPU layouts (extra buffer types) for weights
   held in RAM; on a CPU with AMX only with ONDEVICE_AMX=1 and a build whose AMX kernels run
@@ -36,9 +37,9 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_gguf_file
-from ondevice.files.gguf_header import OUTPUT_LAYER  # what layer_callback reports once the LM head has computed
 from ondevice.machine.facts import default_threads
-from ondevice.machine.llama_repack import LIB_DIR, cpu_has_amx, repack_runs
+from ondevice.machine.llama_repack import cpu_has_amx, repack_runs
+
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
 LLAMA_MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX_SEQ (256)
 
@@ -84,41 +85,6 @@ llama_cpp.llama_log_set(_log_to_stderr, ctypes.c_void_p(0))  # replaces llama-cp
 def _backend_ready() -> bool:
     llama_cpp.llama_backend_init()
     return True
-
-
-# --- layer callbacks --------------------------------------------------------------------------
-
-
-@functools.cache
-def _ggml_get_name():
-    """ggml's tensor-name getter (libggml-base, shipped beside llama-cpp-python's libllama)."""
-    lib = ctypes.CDLL(str(LIB_DIR / "libggml-base.so"))
-    lib.ggml_get_name.restype = ctypes.c_char_p
-    lib.ggml_get_name.argtypes = [ctypes.c_void_p]
-    return lib.ggml_get_name
-
-
-def layer_callback(on_layer):
-    """A llama.cpp eval callback that calls on_layer(i) as each decoder layer i finishes computing
-    and on_layer(OUTPUT_LAYER) after the LM head (llama.cpp names them `l_out-{i}` and
-    `result_output`; asking for those nodes splits the graph there). Keep the returned object alive
-    as long as the context uses it."""
-    get_name = _ggml_get_name()
-
-    @llama_cpp.ggml_backend_sched_eval_callback
-    def callback(tensor, ask, user_data):
-        name = get_name(tensor) or b""
-        if name.startswith(b"l_out-"):
-            layer = int(name[6:])
-        elif name == b"result_output":
-            layer = OUTPUT_LAYER
-        else:
-            return not ask  # not observed: the graph runs on (a later call would mean "go on")
-        if not ask:
-            on_layer(layer)
-        return True
-
-    return callback
 
 
 # --- models -----------------------------------------------------------------------------------

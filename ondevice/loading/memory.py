@@ -28,9 +28,9 @@ cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of T
 buffers still leave the streaming window free and the LM head kept, where any size keeps it. A
 streamed head is read whole at the end of every pass, so it needs its full size in memory then
 anyway, and it sends every layer through the page cache (targets/page_cache.py) rather than the
-direct reads (targets/direct_window.py), whose passes compute at about the speed of a target in RAM. The plan also says when the drafter alone is what
-keeps the target out of RAM (where the target streams, `pipeline.drafter_or_layers` weighs the
-drafter against the layers its RAM would keep, loading/drafter_room.py). On a GPU (torch target) the layers'
+direct reads (targets/direct_window.py), whose passes compute at about the speed of a target in RAM.
+The plan also says when the drafter alone keeps the target out of RAM (loading/drafter_room.py
+weighs the drafter against the layers its RAM would keep). On a GPU (torch target) the layers'
 tiers come from `ondevice.targets.offloaded.plan_offload`, the placement the loader makes.
 
 The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit as
@@ -304,8 +304,7 @@ class MemoryPlan:
             where = f"target streams from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)"
         else:  # what the kernel keeps cached is its own: the room is the steered plan's
             where = "target streams from disk, the file mapped and left to the page cache (room for"
-        kept = self.kept_layers(self.ahead) if self.ahead else ()
-        layers = len([k for k in kept if k != OUTPUT_LAYER])
+        kept, layers = (self.kept_layers(self.ahead) if self.ahead else ()), self.kept_layer_count
         if kept:
             counted = f"{layers} of {self.target.n_layers} layers" if layers else ""
             head = "LM head" + (" and " if counted else "") if OUTPUT_LAYER in kept else ""

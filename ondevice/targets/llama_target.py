@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from ondevice.errors import OndeviceError
-from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel, layer_callback
+from ondevice.llama_backend import LLAMA_MAX_SEQUENCES, LlamaContext, LlamaModel
+from ondevice.targets.layer_callback import layer_callback
 from ondevice.machine.disk_io import read_counters, stat_file
 from ondevice.decode.protocols import StreamCounters, Target
 from ondevice.targets.direct_window import open_window
