@@ -63,7 +63,7 @@ class BenchResult:
         return {**own, **totals, "tokens_per_pass": self.tokens_per_pass, "tokens_per_second": self.tokens_per_second,
                 "other_seconds": self.other_seconds, "draft_ms_per_pass": self.draft_ms_per_pass,
                 "bytes_read_per_pass": t.bytes_read_per_pass, "round_split_seconds": t.round_split(),
-                "disk_utilization": t.disk_utilization}
+                "disk_utilization": t.disk_utilization, "cpu_busy_cores": t.cpu_busy_cores}
 
 
 def count_same(outputs: list[list[int]], reference: list[list[int]] | None) -> int | None:

@@ -75,6 +75,8 @@ def stats_line(stats: Stats, pipe=None) -> str:
         split = " · " + " / ".join(f"{names[n]} {100 * max(s, 0.0) / stats.decode_seconds:.0f}%" for n, s in parts.items())
         if stats.disk_utilization is not None:
             split += f" · disk busy {100 * stats.disk_utilization:.0f}%"
+        if stats.cpu_busy_cores is not None:
+            split += f" · CPU {stats.cpu_busy_cores:.1f} cores busy"
     return (
         f"{stats.tokens} tokens · {stats.tokens_per_second:.1f} tok/s · {stats.tokens_per_pass:.2f} tokens/pass"
         f" over {stats.target_passes} target passes{split} · prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f}s"

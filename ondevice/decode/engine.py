@@ -16,7 +16,7 @@ import numpy as np
 from ondevice.errors import OndeviceError
 from ondevice.decode.kvcache import kept_prefix
 from ondevice.decode.overlap import Guess, Overlap
-from ondevice.machine.ram import disk_read_bytes
+from ondevice.machine.ram import disk_read_bytes, process_cpu_seconds
 from ondevice.decode.protocols import TARGET_FREE, Drafter, DraftSpec, StreamCounters, Target, config_label
 from ondevice.decode.stats import RoundReport, Stats, Step
 from ondevice.decode.tree import DraftTree
@@ -121,7 +121,7 @@ class SpecEngine:
         stats = Stats(prompt_tokens=len(prompt), spec=spec if self.drafter is not None else None)
         start = time.perf_counter()
         self._sync_prompt(prompt, stats)
-        read_at_start = disk_read_bytes()
+        read_at_start, cpu_at_start = disk_read_bytes(), process_cpu_seconds()
         streamed_at_start = self._stream_counters()
         rng = np.random.default_rng(sampling.seed)
         context = list(prompt)
@@ -177,6 +177,7 @@ class SpecEngine:
                 stats.finish_reason = "stop"
                 break
         stats.total_seconds = time.perf_counter() - start
+        stats.cpu_seconds = process_cpu_seconds() - cpu_at_start
         read_now = disk_read_bytes()
         stats.disk_read_bytes = None if read_now is None or read_at_start is None else read_now - read_at_start
         streamed_now = self._stream_counters()

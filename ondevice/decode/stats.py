@@ -51,6 +51,7 @@ class Stats:
     disk_read_bytes: int | None = None  # read from storage while decoding (None: the OS does not say)
     page_wait_seconds: float | None = None  # of verify_seconds: a streaming target's passes waiting for pages (None: not measured)
     disk_busy_seconds: float | None = None  # while decoding, the target file's disk had a read in flight (any process's)
+    cpu_seconds: float | None = None  # CPU time this process used while decoding, all its threads (user + system)
     pass_seconds: list[tuple[int, float]] = field(default_factory=list)  # (tree nodes, seconds) per target pass
     finish_reason: str = ""
     accepted_per_pass: list[int] = field(default_factory=list)
@@ -80,6 +81,14 @@ class Stats:
         if self.disk_busy_seconds is None or self.decode_seconds <= 0:
             return None
         return self.disk_busy_seconds / self.decode_seconds
+
+    @property
+    def cpu_busy_cores(self) -> float | None:
+        """Cores this process kept busy while decoding, on average (None: not measured): beside
+        the round split it says whether a round was bound by the CPU (every core busy) or waited."""
+        if self.cpu_seconds is None or self.decode_seconds <= 0:
+            return None
+        return self.cpu_seconds / self.decode_seconds
 
     def round_split(self) -> dict[str, float | None]:
         """Where decoding's time went, in seconds: drafting, the target computing (and verifying),
@@ -133,6 +142,7 @@ class Stats:
             "bytes_read_per_pass": self.bytes_read_per_pass,
             "round_split_seconds": self.round_split(),  # draft / target_compute / disk_wait / overhead: adds up to decoding
             "disk_utilization": self.disk_utilization,  # share of decoding the target's disk was reading
+            "cpu_busy_cores": self.cpu_busy_cores,  # cores this process kept busy while decoding, on average
         }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +191,12 @@ def disk_read_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def process_cpu_seconds() -> float:
+    """CPU time this process has used so far, user and system, all its threads (not its children)."""
+    t = os.times()
+    return t.user + t.system
 
 
 def return_freed_memory() -> None:
