@@ -99,6 +99,34 @@ def test_audits_cost_at_most_their_share(tokens):
     assert played.count("chain@3") > 0  # it was checked
 
 
+def play(book: ArmBook, arms: dict[str, TrueArm], prices: dict[str, Price], rounds: int) -> list[tuple[str, bool]]:
+    """Run the policy against the true arms: (arm, audited) per round."""
+    played = []
+    for _ in range(rounds):
+        arm, audit = book.next_arm(prices)
+        truth = arms[arm]
+        book.observe(arm, truth.tokens, truth.spt * truth.tokens, prices[arm].spt, audit, book.incumbent_spt)
+        played.append((arm, audit))
+    return played
+
+
+def test_a_tree_known_only_by_its_prediction_is_audited_before_it_leads_a_measured_sibling():
+    """best-first@8 measured (100 tokens); best-first@4 predicted 25% faster than @8 measures but
+    truly slower (the rank model overpredicted the smaller tree more than the family's κ corrects):
+    @8 stays the incumbent from the first round, and @4 runs only as audits. Across families the
+    prediction still leads at once: a tree predicted faster than a measured target alone runs first."""
+    arms = {"best-first@8": TrueArm(0.15, 4), "best-first@4": TrueArm(0.19, 3), "target": TrueArm(0.40, 1)}
+    prices = {"best-first@8": Price(0.15, 0.60), "best-first@4": Price(0.12, 0.36)}
+    book = ArmBook(arms={"best-first@8": Tally(tokens=100, seconds=16.0, rounds=25)})
+    played = play(book, arms, prices, 100)
+    assert played[0] == ("best-first@8", False)
+    assert all(audit for arm, audit in played if arm == "best-first@4")
+    assert book.audit_regret <= EXPLORE_SHARE * book.decode_seconds + AUDIT_ROUNDS * 3 * 0.19  # within their share, plus one block
+
+    across = ArmBook(arms={"target": Tally(tokens=100, seconds=40.0, rounds=100)})
+    assert play(across, arms, {"target": Price(0.40, 0.40), "best-first@4": Price(0.12, 0.36)}, 1) == [("best-first@4", False)]
+
+
 @pytest.mark.parametrize("longest_known", [True, False])
 def test_an_unmeasured_tree_is_audited_at_the_longest_its_round_can_take(longest_known):
     """A big best-first tree priced at ~10 levels drafts a chain of all its nodes on text the drafter

@@ -324,6 +324,20 @@ HELDOUT27_CHAT = [
 ]
 
 
+HELDOUT28_CODE = [  # written before a measured tree kept the lead from predicted ones
+    "Write a Python function that converts a camelCase identifier to snake_case.",
+    "Write a TypeScript function that returns the longest palindromic substring of a string.",
+    "Write a C++ function that counts the set bits of an unsigned 32-bit integer.",
+    "Write a Ruby method that groups a list of words by their first letter.",
+]
+
+HELDOUT28_CHAT = [
+    "How do I keep a sourdough starter alive?",
+    "What causes the northern lights?",
+    "How often should I oil a bicycle chain?",
+    "What is a good way to start journaling?",
+]
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))

@@ -23,7 +23,12 @@ predictions instead double-counts whatever the predictions learn from the same r
 pass times, the free drafters' acceptance: docs/measurements/code-notes.md, "Arms as ratios".)
 
 **Policy: exploit, with a bounded audit.** Each round runs the *incumbent*, the arm with the lowest
-spt. A *runner-up* is audited for AUDIT_ROUNDS rounds when
+spt among those that may lead: an arm measured for LEAD_TOKENS tokens or more, or one whose family
+has no such arm among the candidates (`may_lead`). So a tree known mostly by its prediction is
+audited before it takes the lead from a measured tree: the rank model's error differs from budget
+to budget, more than the family's κ takes up (docs/measurements/2026-12-06-drafting-and-the-lead.md). Across
+families a prediction still leads at once (a tree predicted faster than a measured target alone
+runs). A *runner-up* is audited for AUDIT_ROUNDS rounds when
   (1) it could be better: its optimistic spt, spt(a) / o_a with o_a = 1 + (OPTIMISM − 1)·W/(N_a + W),
       beats the incumbent's — the cost model is trusted to within a factor OPTIMISM = 2, and less
       slack is left the more the arm has been measured; and
@@ -54,6 +59,7 @@ from ondevice.decode.protocols import FREE_BUILDERS, TARGET_FREE, DraftSpec
 PRIOR_TOKENS = 8.0  # W: a prediction's worth, in measured tokens
 OPTIMISM = 2.0  # how far off a prediction may be; an unmeasured arm may be this much faster
 SIBLING_OPTIMISM = 1.25  # ... once other arms of its family were measured (κ took up the family's error)
+LEAD_TOKENS = 3 * PRIOR_TOKENS  # measured tokens a tree needs to take the lead from a measured sibling (3x its prediction's worth)
 EXPLORE_SHARE = 0.02  # audits' regret, as a share of decode time
 AUDIT_ROUNDS = 3  # rounds an audit runs a runner-up (its switch round not counted)
 MIN_AUDIT_REGRET = 0.25  # a block is budgeted at no less than this share of its time (no audit is free up front)
@@ -189,11 +195,26 @@ class ArmBook:
         known = [(a, self.spt(a, p.spt)) for a, p in prices.items()]
         return sorted(((a, s) for a, s in known if s is not None), key=lambda x: x[1])
 
+    def may_lead(self, arm: str, candidates) -> bool:
+        """Whether `arm` may be the incumbent: it measured LEAD_TOKENS tokens or more (its measurement
+        outweighs its prediction three to one), or no candidate of its family did. A tree known mostly
+        by its prediction is audited before it takes the lead from a measured sibling: the rank model
+        errs by different amounts at different budgets, more than the family's κ takes up."""
+        if self.arms.get(arm, Tally()).tokens >= LEAD_TOKENS:
+            return True
+        family = family_of(arm)
+        return not any(self.arms.get(a, Tally()).tokens >= LEAD_TOKENS for a in candidates if a != arm and family_of(a) == family)
+
+    def leading(self, prices: dict[str, Price]) -> list[tuple[str, float]]:
+        """`ranked`, the arms that may lead first: the first is the incumbent, the rest challengers."""
+        ranked = self.ranked(prices)
+        return sorted(ranked, key=lambda x: not self.may_lead(x[0], prices))  # stable: each part stays fastest first
+
     # --- policy -----------------------------------------------------------------------------------
     def next_arm(self, prices: dict[str, Price], default: str = "target", switch_cost=lambda arm: 0.0) -> tuple[str, bool]:
         """(the arm to run next round, whether it is an audit). prices: the candidates' predictions.
         switch_cost(arm): seconds it costs to start running `arm` now."""
-        ranked = self.ranked(prices)
+        ranked = self.leading(prices)
         incumbent, spt_incumbent = ranked[0] if ranked else (default, None)
         self.incumbent_spt = spt_incumbent  # what the round about to run is measured against
         if self.audit is not None and self.audit.arm in prices and self.audit.rounds_left > 0:

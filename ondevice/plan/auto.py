@@ -217,7 +217,7 @@ class AutoPlanner:
                            overlap_scale=self.overlap_scale)
 
     def _set_incumbent(self) -> None:
-        ranked = self.book.ranked(self.prices)
+        ranked = self.book.leading(self.prices)
         arm = ranked[0][0] if ranked else "target"
         self.plan = replace(self.plans[arm], fallback_reason=self._reason(arm)) if family_of(arm) != "model" else self.plans[arm]
 
@@ -363,7 +363,7 @@ class AutoPlanner:
     # --- what it knows ----------------------------------------------------------------------------------
     def summary(self) -> dict:
         """The incumbent and the runner-up, measured and predicted; how much went to audits."""
-        ranked = self.book.ranked(self.prices)
+        ranked = self.book.leading(self.prices)
         arms = [self._arm_summary(a) for a, _ in ranked[:2]]
         return {"arm": arms[0] if arms else None, "runner_up": arms[1] if len(arms) > 1 else None,
                 "answer_tokens_by_arm": dict(self.answer_tokens_by_arm), "profile": self.profile_state,
