@@ -54,7 +54,7 @@ def test_cpu_busy_cores_counts_a_pass_that_computes_and_not_one_that_waits(tiny_
     tokens, stats = collect(engine.generate([5, 60, 61, 7], 12))
     assert len(tokens) == 12 and stats.cpu_seconds is not None
     if computes:
-        assert 0.8 <= stats.cpu_busy_cores <= 1.3  # one thread busy the whole time (and the tiny passes)
+        assert 0.6 <= stats.cpu_busy_cores <= 1.5  # one thread busy nearly the whole time (a busy VM steals some)
     else:
-        assert stats.cpu_busy_cores <= 0.4  # asleep for most of each pass
+        assert stats.cpu_busy_cores <= 0.35  # asleep for most of each pass
     assert stats.to_json()["cpu_busy_cores"] == stats.cpu_busy_cores
