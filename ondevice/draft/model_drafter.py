@@ -30,6 +30,11 @@ from ondevice.decode.tree import DraftTree
 GROW_BATCH = 1  # nodes per expansion while the target verifies: one, so the search stops soon after the pass
 
 
+def stand_in_tokens(n: int, n_vocab: int) -> np.ndarray:
+    """n arbitrary valid token ids, the same every time: text for passes that are timed or warm buffers."""
+    return (np.arange(n) * 7919 + 11) % n_vocab
+
+
 def check_spec(spec: DraftSpec) -> None:
     if spec.builder not in MODEL_BUILDERS:
         raise OndeviceError(f"the drafter model builds {', '.join(MODEL_BUILDERS)} trees, not {spec.builder!r}.")
@@ -138,7 +143,7 @@ class ModelDrafter(Drafter):
     def probe_batch(self, n: int) -> None:
         """Draft n nodes as the builders would (siblings, each on its own branch; more than max_batch,
         or than the cache has branches for, take several expansion calls), then undo it. For profiling."""
-        stand_in = (np.arange(64 + n) * 7919 + 11) % self.n_vocab  # arbitrary valid token ids
+        stand_in = stand_in_tokens(64 + n, self.n_vocab)
         if not self.cache.tokens:
             self.cache.sync(stand_in[:64].tolist())  # a 64-token context
         step = max(1, min(self.max_batch, self.cache.free_capacity()))  # sized for small trees: fewer branches at once

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from ondevice.draft.model_drafter import stand_in_tokens
 from ondevice.loading.plan import LoadPlan
 from ondevice.loading.profiling import profile_backends
 from ondevice.machine.ram import return_freed_memory
@@ -247,7 +248,7 @@ def use_buffers(target, n_tokens: int) -> None:
     timed over a short context alone leave them untouched: room the page cache has while timed and
     not later, so a file left to the kernel timed as if it fit (docs/measurements/2026-12-06-one-vocabulary.md)."""
     n_tokens = min(n_tokens, target.n_ctx // 2)
-    target.prefill([(i * 7919 + 11) % target.n_vocab for i in range(n_tokens)])
+    target.prefill(stand_in_tokens(n_tokens, target.n_vocab).tolist())
     target.truncate(0)
 
 
