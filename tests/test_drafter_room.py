@@ -6,6 +6,7 @@ keeps it where speculation measured faster, or where asked."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -45,8 +46,8 @@ class Saved:
 
 
 def book(**arms: tuple[float, float]) -> ArmBook:
-    """A book whose arms measured (tokens, seconds)."""
-    return ArmBook(arms={name: Tally(tokens=t, seconds=s, rounds=t) for name, (t, s) in arms.items()})
+    """A book whose arms measured (tokens, seconds), saved just now."""
+    return ArmBook(arms={name: Tally(tokens=t, seconds=s, rounds=t) for name, (t, s) in arms.items()}, saved_at=time.time())
 
 
 ALONE = AlonePass(seconds=0.25, bytes_read_per_pass=200 << 20, kept_layers=20, in_ram=False)

@@ -23,9 +23,13 @@ and loads the drafter only where it is faster. Where its side is only predicted,
 by UNSURE (the planner's distrust of a prediction, plan/arms.py) keeps it; one faster by less loads
 it to be measured (`explore`): its answers fill the book of the regime with the drafter, and from
 then on what they measured decides (without that, a prediction short of UNSURE is never put to the
-test). Free drafts stay on either way: they need no RAM.
+test). A rate no session measured within STALE_SECONDS is checked again the same way where it is
+within UNSURE of the other side, faster or slower (`measured_lately`): a drafter left out is never
+measured again otherwise, so one slow day would leave it out for good. Free drafts stay on either way: they need no RAM.
 The timed pass is one moment of a disk whose speed drifts, so where the drafter is kept by less than
-UNSURE the next load times it again and the mean decides (`AlonePass.folded`).
+UNSURE the next load times it again and the mean decides (`AlonePass.folded`). A timing older than
+STALE_SECONDS is redone (the disk ran twice as fast one day as the day before), and the books' rates
+are rescaled to it (`rescale`): a rate measured on a slower day is weighed at today's speed.
 `--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
 Where the plan with the drafter has less room than a streamed pass needs (`MemoryPlan.over_budget`) and the one without it does not, only a rate measured in its own regime keeps the drafter: the
 prediction rests on passes timed in a child holding the target alone, which paged less.
@@ -41,6 +45,7 @@ room, the kernel evicts every page before its next pass reads it again, so it is
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, replace
 
 from ondevice.draft.model_drafter import stand_in_tokens
@@ -61,6 +66,7 @@ SAVED_TOKENS = MEASURED_TOKENS * LOAD_WEIGHT  # ... in a book as loaded (at LOAD
 UNSURE = OPTIMISM  # a drafter kept by less than this factor over a timed target alone: time it again at the next load
 MAX_TIMINGS = 8  # the timed pass is the mean of the last this many loads' timings
 NEAR_FIT = 0.25  # a drafter-less plan reading at most this share of the file per pass is timed unsteered too
+STALE_SECONDS = 4 * 3600.0  # a timing older than this is of another machine state: timed again at the next load
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,18 @@ class AlonePass:
     curve: dict | None = None  # the latest timing's passes of 1 … its trees' nodes (LatencyCurve.to_dict), which the
     # drafter-less load's planner sizes free rounds on (plan/auto.py; docs/measurements/2026-11-28-drafter-less-sized.md)
     steered: bool = True  # False: the file left to the kernel's page cache timed faster (module docstring)
+    timed_at: float = 0.0  # when the latest timing ran (time.time())
+
+    def fresh(self, now: float | None = None) -> bool:
+        """Timed within STALE_SECONDS of `now`: the disk's speed drifts within an hour and can double
+        from one day to the next, so an older timing does not say how fast the machine is now."""
+        return (time.time() if now is None else now) - self.timed_at <= STALE_SECONDS
+
+    @property
+    def yardstick(self) -> float | None:
+        """The machine's streaming speed now, for the planner's books (plan/arms.ArmBook.rescale): this
+        pass's seconds where they were timed lately and undisturbed, else None."""
+        return self.seconds if self.fresh() and not self.busy and self.seconds > 0 else None
 
     def lean_curve(self) -> LatencyCurve | None:
         return None if self.curve is None else LatencyCurve.from_dict(self.curve)
@@ -83,8 +101,8 @@ class AlonePass:
     def folded(self, again: "AlonePass") -> "AlonePass":
         """The mean with another timing (of the last MAX_TIMINGS): a disk's speed drifts within
         minutes (docs/measurements/code-notes.md), so one timing can decide wrongly."""
-        if again.steered != self.steered:  # the other way of caching won this time: its own timing
-            return again
+        if again.steered != self.steered or not self.fresh(again.timed_at):  # the other way of caching won this
+            return again  # time, or the earlier timings are of another machine state: its own timing
         n = min(self.timings, MAX_TIMINGS - 1)
         return replace(again, seconds=(self.seconds * n + again.seconds) / (n + 1), timings=n + 1)
 
@@ -105,7 +123,7 @@ class AlonePass:
     def from_dict(cls, d: dict | None) -> "AlonePass | None":
         return None if d is None else cls(float(d["seconds"]), int(d["bytes_read_per_pass"]), int(d["kept_layers"]),
                                           bool(d["in_ram"]), bool(d.get("busy", False)), int(d.get("timings", 1)), d.get("curve"),
-                                          bool(d.get("steered", True)))
+                                          bool(d.get("steered", True)), float(d.get("timed_at", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -117,14 +135,16 @@ class DrafterChoice:
     without_source: str  # "measured" (book) or "timed" (the profile's alone pass)
     layers_with: int = 0  # target layers kept cached with the drafter
     layers_without: int = 0
-    explore: bool = False  # kept to be measured: predicted faster, by less than UNSURE, and not measured yet
+    explore: bool = False  # kept to be measured: predicted faster by less than UNSURE, or measured at another time within it
     steered_without: bool = True  # False: without the drafter the file is left to the kernel's page cache
     over_budget: bool = False  # with the drafter the plan has less room than a streamed pass needs (MemoryPlan.over_budget)
+    with_stale: bool = False  # its measured rate is of another time (`measured_lately`)
 
     def describe(self) -> str:
         verdict = "drafter loaded to measure it" if self.explore else "drafter loaded" if self.keep else "drafter left out"
         paging = ", over budget" if self.over_budget else ""
-        return (f"{verdict}: with it {self.with_drafter:.2f} tok/s ({self.with_source}, {self.layers_with} layers kept{paging}), "
+        source = "measured before today's timing" if self.with_stale else self.with_source
+        return (f"{verdict}: with it {self.with_drafter:.2f} tok/s ({source}, {self.layers_with} layers kept{paging}), "
                 f"without it {self.without:.2f} tok/s ({self.without_source}, "
                 + (f"{self.layers_without} layers kept)" if self.steered_without else "the file left to the page cache)"))
 
@@ -174,10 +194,19 @@ def choose_drafter(profile, p_rank, book_with: ArmBook, book_without: ArmBook, l
     measured_without = best_measured(book_without, SAVED_TOKENS)
     without, without_source = (measured_without, "measured") if measured_without is not None else (1.0 / alone.seconds, "timed")
     needed = without * (UNSURE if with_source == "predicted" else 1.0)  # a prediction must beat a measurement by the planner's distrust
-    explore = with_source == "predicted" and without < with_drafter <= needed and not paging  # ... or be put to the test
+    stale = with_source == "measured" and not measured_lately(book_with)
+    explore = not paging and ((with_source == "predicted" and without < with_drafter <= needed)  # ... or be put to the test,
+                              or (stale and without / UNSURE < with_drafter <= needed))  # as a measurement of another time is
     keep = (with_drafter > needed and not (paging and with_source == "predicted")) or explore
     return DrafterChoice(keep, with_drafter, without, with_source, without_source, layers_with, alone.kept_layers, explore,
-                         alone.steered, paging)
+                         alone.steered, paging, stale)
+
+
+def measured_lately(book: ArmBook) -> bool:
+    """Whether a session saved the book within STALE_SECONDS. A drafter left out is not measured again,
+    so a rate of another day that ruled it out would rule it out for good; rescaled (ArmBook.rescale)
+    where the book knows the machine's speed then, it is still checked again when close."""
+    return time.time() - book.saved_at <= STALE_SECONDS
 
 
 def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, DrafterChoice | None]:
@@ -189,21 +218,38 @@ def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, D
         return plan, None
     saved = AlonePass.from_dict(profile.alone)
     untried = nearly_fits(lean) and "steered" not in (profile.alone or {})  # timed before the page cache was left to the kernel
-    if saved is None or saved.curve is None or not saved.times(lean.memory.kept_layer_count) or untried:  # once per profile (and
-        time_alone_into(profile, lean, None, status)  # drafter-less plan): the streaming profile's child measured the drafter's side
+    if saved is None or saved.curve is None or not saved.times(lean.memory.kept_layer_count) or untried or not saved.fresh():
+        time_alone_into(profile, lean, None, status)  # once per profile, drafter-less plan and STALE_SECONDS
     lean = AlonePass.from_dict(profile.alone).plan_for(lean)  # steered, or left to the kernel: the faster
     if opts.keep_drafter is False:  # --drop-drafter (its planner sizes free rounds on the timed passes)
         return lean, None
     name = plan.files.name
-    books = load_book(name, regime_of(profile_backends(plan))), load_book(name, regime_of(profile_backends(lean)))
+    speed = yardstick(profile)  # the books' seconds at the machine's speed as just timed (ArmBook.rescale)
+    books = load_book(name, regime_of(profile_backends(plan)), speed), load_book(name, regime_of(profile_backends(lean)), speed)
     layers, p_rank = plan.memory.kept_layer_count, AcceptanceTracker.load(name).p_rank
     paging = plan.memory.over_budget and not plan.lean.memory.over_budget
     choice = choose_drafter(profile, p_rank, *books, layers_with=layers, paging=paging)
     if choice is not None and choice.unsure:  # close enough for the disk's drift to decide: time it again
         time_alone_into(profile, plan.lean, AlonePass.from_dict(profile.alone), status)
+        for book in books:
+            book.rescale(yardstick(profile))  # the mean with the new timing
         choice = choose_drafter(profile, p_rank, *books, layers_with=layers, paging=paging)
         lean = AlonePass.from_dict(profile.alone).plan_for(plan.lean)
     return (plan if choice is None or choice.keep else lean), choice
+
+
+def rescale(books: tuple[ArmBook, ...], profile) -> None:
+    """The books' rates at the machine's speed as the drafter-less pass was just timed: a rate
+    measured on another day is weighed against this timing as if measured now (ArmBook.rescale)."""
+    for book in books:
+        book.rescale(AlonePass.from_dict(profile.alone).yardstick)
+
+
+def yardstick(profile) -> float | None:
+    """The drafter-less pass's seconds as timed lately (AlonePass.yardstick), what the planner's books
+    of this load are rescaled to; None where nothing was timed lately."""
+    alone = AlonePass.from_dict(getattr(profile, "alone", None))
+    return None if alone is None else alone.yardstick
 
 
 def drafterless_curve(profile, plan: LoadPlan) -> LatencyCurve | None:
@@ -270,4 +316,4 @@ def time_plan(lean: LoadPlan) -> AlonePass:
     in_ram = memory is None or memory.target_in_ram
     return AlonePass(timing.seconds(1), 0 if memory is None else memory.bytes_read_per_pass,
                      0 if memory is None else memory.kept_layer_count, in_ram, timing.busy, curve=timing.curve.to_dict(),
-                     steered=memory is None or memory.steered)
+                     steered=memory is None or memory.steered, timed_at=time.time())

@@ -15,7 +15,7 @@ from ondevice.draft import cross_vocab
 from ondevice.draft.loader import with_lookup
 from ondevice.decode.engine import SpecEngine
 from ondevice.loading.choices import plan_load
-from ondevice.loading.drafter_room import DrafterChoice, drafter_or_layers, drafterless_curve
+from ondevice.loading.drafter_room import DrafterChoice, drafter_or_layers, drafterless_curve, yardstick
 from ondevice.loading.options import Answers, LoadOptions
 from ondevice.loading.plan import LoadPlan
 from ondevice.loading.rpc_load import profile_split
@@ -48,11 +48,11 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     tokenizer = Tokenizer(files.target)
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
     plan = plan_load(opts, files, process, answers, tokenizer, status)
-    choice, lean_curve = None, None
+    choice, lean_curve, speed = None, None, None
     if plan.streams and files.drafter is not None:  # with the drafter asked for too: its profile is measured apart
         profile = streaming_profile(plan)  # measured apart: see there
         plan, choice = drafter_or_layers(plan, profile, status)
-        files, lean_curve = plan.files, drafterless_curve(profile, plan)
+        files, lean_curve, speed = plan.files, drafterless_curve(profile, plan), yardstick(profile)
     drafter = None
     if files.drafter is not None:
         drafter = cross_vocab.open_drafter(plan, tokenizer, status)  # another tokenizer: drafts the tokens both hold
@@ -60,7 +60,8 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     if isinstance(target, LlamaTarget):
         tokenizer.read_from(target.model)  # one copy of its vocabulary in RAM, as the plan counted
         trim_heap()  # and the freed copy handed back to the OS (the page cache's room)
-    backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve)
+    backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve,
+                                yardstick=speed)
     if plan.split is not None and drafter is not None:  # a split's passes: its own curve, timed once (rpc_load.py)
         profile_split(backends, status)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them

@@ -19,7 +19,7 @@ from ondevice.decode.protocols import MAX_BUDGET
 
 
 def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, drafters: tuple[str, ...] = CPU_BACKENDS,
-                     lean_curve=None, key: str | None = None):
+                     lean_curve=None, key: str | None = None, yardstick: float | None = None):
     """What the profile measures: the loaded target and drafter (factories given; default: opened as
     planned), and the other CPU backends `ondevice profile` compares them with (of `drafters`). One
     profile file per pair and machine setup ("cpu-t2", "cuda-t16"; "cpu-t2-stream" when the memory
@@ -44,7 +44,7 @@ def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, d
         target_name=target, drafter_name=drafter, other_targets={} if on_gpu else others_t, other_drafters=others_d,
         key=key or f"{'cuda' if on_gpu else 'cpu'}-t{threads}" + streaming_key(memory) + (f"-{plan.split.key}" if plan.split else ""),
         memory=memory, profile_first=on_gpu,
-        lean_curve=lean_curve,
+        lean_curve=lean_curve, yardstick=yardstick,
     )  # fmt: skip
 
 

@@ -18,7 +18,8 @@ the target pass each round actually took — `Price.after_pass`: pass times are 
 learn), so one tree found slower than predicted makes every unmeasured tree look slower too. An
 arm nobody can price (no profile yet) is known only once measured. Measured seconds are what the
 arm costs now: all sums fade by DECAY per emitted token (acceptance follows the text, the
-machine's load changes), and a saved book is loaded at half weight. (Measuring arms as ratios to their
+machine's load changes), and a saved book is loaded at half weight, its target passes rescaled to
+the machine's speed now where the load timed it (`ArmBook.rescale`). (Measuring arms as ratios to their
 predictions instead double-counts whatever the predictions learn from the same rounds — the
 pass times, the free drafters' acceptance: docs/measurements/code-notes.md, "Arms as ratios".)
 
@@ -50,6 +51,7 @@ off by up to 2x in either direction is corrected: a runner-up predicted 2x too s
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -94,10 +96,12 @@ class Tally:
     predicted: float = 0.0
     predicted_tokens: float = 0.0  # the tokens `predicted` covers
     predicted_seconds: float = 0.0  # ... and the seconds they measured
+    pass_seconds: float = 0.0  # the target passes' share of `seconds` (what a faster or slower disk changes)
 
-    def add(self, tokens: int, seconds: float, spt_predicted: float | None) -> None:
+    def add(self, tokens: int, seconds: float, spt_predicted: float | None, pass_seconds: float = 0.0) -> None:
         self.tokens += tokens
         self.seconds += seconds
+        self.pass_seconds += min(pass_seconds, seconds)
         self.rounds += 1
         if spt_predicted is not None:
             self.predicted += tokens * spt_predicted
@@ -110,8 +114,19 @@ class Tally:
         return self.predicted_seconds / self.predicted if self.predicted > 1e-12 else None
 
     def fade(self, factor: float) -> None:
-        for name in ("tokens", "seconds", "rounds", "predicted", "predicted_tokens", "predicted_seconds"):
+        for name in ("tokens", "seconds", "rounds", "predicted", "predicted_tokens", "predicted_seconds", "pass_seconds"):
             setattr(self, name, getattr(self, name) * factor)
+
+    def pass_scaled(self, factor: float) -> None:
+        """As if every target pass had taken `factor` times as long (the rest of each round as it was);
+        the seconds predicted for these rounds move alike, so measured / predicted (κ) stays."""
+        if self.seconds <= 1e-12:
+            return
+        scale = (self.seconds + self.pass_seconds * (factor - 1.0)) / self.seconds
+        self.seconds *= scale
+        self.pass_seconds *= factor
+        self.predicted *= scale
+        self.predicted_seconds *= scale
 
     @property
     def spt(self) -> float | None:
@@ -161,6 +176,23 @@ class ArmBook:
     audit_regret: float = 0.0  # this session's audits: seconds beyond the incumbent's pace
     audit: Audit | None = None
     incumbent_spt: float | None = None  # the incumbent's estimate when the last arm was chosen
+    yardstick: float | None = None  # a streaming regime: the seconds of the drafter-less 1-token pass timed
+    # at the load its rounds ran after (the machine's speed then: `rescale`); None: not known
+    saved_at: float = 0.0  # when a session last saved it (time.time(); 0: not known)
+
+    def rescale(self, yardstick: float | None) -> None:
+        """Bring what was measured at another time to the machine as `yardstick` times it now: every
+        target pass as if it had taken yardstick / self.yardstick times as long (`Tally.pass_scaled`).
+        A disk's speed drifts within an hour and can double from one day to the next: a rate measured
+        on a slow day, weighed unscaled against a pass timed today, left the drafter out where it ran
+        1.2-1.4x faster (docs/measurements/2026-12-06-rates-of-another-day.md). None: nothing timed now,
+        the book stays as it is."""
+        if yardstick is None or yardstick <= 0:
+            return
+        if self.yardstick:
+            for tally in (*self.arms.values(), *self.families.values()):
+                tally.pass_scaled(yardstick / self.yardstick)
+        self.yardstick = yardstick
 
     # --- estimates --------------------------------------------------------------------------------
     def kappa(self, family: str) -> float:
@@ -245,8 +277,8 @@ class ArmBook:
         return (measured or price.round_seconds or spt_incumbent) * speedup
 
     def observe(self, arm: str, tokens: int, seconds: float, spt_predicted: float | None, audit: bool,
-                spt_incumbent: float | None, switch: bool = False, own: bool = True) -> None:
-        """One round of `arm`: tokens emitted in `seconds`. spt_predicted: what was predicted for it
+                spt_incumbent: float | None, switch: bool = False, own: bool = True, pass_seconds: float = 0.0) -> None:
+        """One round of `arm`: tokens emitted in `seconds`, `pass_seconds` of them the target's pass. spt_predicted: what was predicted for it
         (None: nothing, or a prediction not to learn from — its pass ran far off the curve it was
         priced on, which the curve itself learns). switch: it paid for a switch of arms (a drafter
         catching up), which is booked to the audits and not to the arm. spt_incumbent: the
@@ -266,8 +298,8 @@ class ArmBook:
         if switch:
             return
         if own:
-            self.arms.setdefault(arm, Tally()).add(tokens, seconds, spt_predicted)
-        self.families.setdefault(family_of(arm), Tally()).add(tokens, seconds, spt_predicted)
+            self.arms.setdefault(arm, Tally()).add(tokens, seconds, spt_predicted, pass_seconds)
+        self.families.setdefault(family_of(arm), Tally()).add(tokens, seconds, spt_predicted, pass_seconds)
 
     def fade(self, factor: float) -> None:
         """Weigh everything measured so far by `factor` (the machine changed under it)."""
@@ -276,11 +308,15 @@ class ArmBook:
 
     # --- persistence --------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"arms": {a: asdict(t) for a, t in self.arms.items()}, "families": {f: asdict(t) for f, t in self.families.items()}}
+        return {"arms": {a: asdict(t) for a, t in self.arms.items()}, "families": {f: asdict(t) for f, t in self.families.items()},
+                "yardstick": self.yardstick, "saved_at": self.saved_at}
 
     @classmethod
     def from_dict(cls, d: dict, weight: float = LOAD_WEIGHT) -> "ArmBook":
-        book = cls()
+        yardstick = d.get("yardstick")
+        saved_at = d.get("saved_at")
+        book = cls(yardstick=float(yardstick) if isinstance(yardstick, (int, float)) and math.isfinite(yardstick) and yardstick > 0 else None,
+                   saved_at=float(saved_at) if isinstance(saved_at, (int, float)) and math.isfinite(saved_at) else 0.0)
         for key, target in (("arms", book.arms), ("families", book.families)):
             for name, values in d.get(key, {}).items():
                 tally = Tally(**{k: float(v) for k, v in values.items() if k in Tally.__dataclass_fields__})
@@ -296,10 +332,14 @@ def book_path(pair: str, regime: str) -> Path:
     return state_file("arms", f"{pair}-{regime}.json")
 
 
-def load_book(pair: str, regime: str) -> ArmBook:
-    """The saved book (at LOAD_WEIGHT), or a fresh one; a file of the wrong shape is replaced (paths.read_state)."""
-    return read_state(book_path(pair, regime), ArmBook.from_dict, "planner's measurements") or ArmBook()
+def load_book(pair: str, regime: str, yardstick: float | None = None) -> ArmBook:
+    """The saved book (at LOAD_WEIGHT), or a fresh one; a file of the wrong shape is replaced (paths.read_state).
+    yardstick: the machine's speed as the load timed it, which the book's seconds are rescaled to (`ArmBook.rescale`)."""
+    book = read_state(book_path(pair, regime), ArmBook.from_dict, "planner's measurements") or ArmBook()
+    book.rescale(yardstick)
+    return book
 
 
 def save_book(book: ArmBook, pair: str, regime: str) -> Path:
+    book.saved_at = time.time()
     return write_json(book_path(pair, regime), book.to_dict())

@@ -87,7 +87,7 @@ class AutoPlanner:
         self.has_drafter = getattr(backends, "make_decode_batch", None) is not None
         self.lean_curve = getattr(backends, "lean_curve", None)  # no profile, no drafter: the target's passes timed at load
         self.regime = regime_of(backends) if hasattr(backends, "profile_key") else "default"
-        self.book = load_book(backends.pair, self.regime)
+        self.book = load_book(backends.pair, self.regime, getattr(backends, "yardstick", None))
         self.overhead_per_pass = 0.0
         self.guesses_hit = self.guesses_expected = 0.0  # overlap: trees drafted during a pass that were used, and predicted
         self.overlap_scale = 1.0  # overlapped rounds: measured / predicted seconds
@@ -322,7 +322,7 @@ class AutoPlanner:
         predicted = price.spt if arm == "target" and n > 1 else price.after_pass(report.pass_seconds)
         first_tree = family_of(arm) == "model" and self._last_family is None  # the answer's first round: the family's (arms.py)
         self.book.observe(arm, len(report.path), report.round_seconds, predicted, self.auditing and arm == self.playing,
-                          self.book.incumbent_spt, switch, own=not first_tree)
+                          self.book.incumbent_spt, switch, own=not first_tree, pass_seconds=report.pass_seconds)
         self._last_family = family_of(arm)
         self._drafter_lag = 1 if family_of(arm) == "model" else self._drafter_lag + len(report.path)
         self.context = report.context + len(report.path)
