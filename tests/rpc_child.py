@@ -14,7 +14,8 @@ import numpy as np
 
 from ondevice.eval.numerics import batch_noise_by_size, noise_stats
 from ondevice.loading.memory import ModelSize
-from ondevice.loading.rpc_split import connect_workers, parse_workers, plan_split, worker_reserve
+from ondevice.loading.rpc_split import connect_workers, plan_split, worker_reserve
+from ondevice.rpc import library
 from ondevice.targets.llama_target import LlamaTarget
 from ondevice.decode.tree import DraftTree
 
@@ -30,7 +31,7 @@ def tree(n: int, vocab: int, seed: int = 3) -> DraftTree:
 
 def split_target(model: str, endpoints: str) -> LlamaTarget:
     """The target split over this machine and the workers, this machine offering what the first worker does."""
-    size, workers = ModelSize.from_gguf(model), connect_workers(parse_workers(endpoints))
+    size, workers = ModelSize.from_gguf(model), connect_workers(library.parse_workers(endpoints))
     local_room = workers[0][2] - worker_reserve(size, N_CTX, 256, 64)
     split = plan_split(size, local_room, workers, N_CTX, 256, 64)
     print(json.dumps({"split": split.to_dict()}), file=sys.stderr, flush=True)

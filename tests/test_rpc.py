@@ -24,7 +24,7 @@ from ondevice.errors import OndeviceError
 from ondevice.loading.memory import ModelSize
 from ondevice.rpc import library
 from ondevice.rpc.supervise import with_workers
-from ondevice.loading.rpc_split import assign_layers, parse_workers, plan_split
+from ondevice.loading.rpc_split import assign_layers, plan_split
 from serve_process import free_port
 from tiny_models import DIMS, write_tiny_gguf, write_tiny_pair
 
@@ -108,7 +108,7 @@ def test_plan_split_puts_the_head_on_the_last_worker_and_refuses_too_little(four
 @pytest.mark.parametrize("bad", ["", "host", "host:0", "host:http", ":80", "a:1,a:1"])
 def test_bad_worker_lists_are_one_line_errors(bad):
     with pytest.raises(OndeviceError):
-        parse_workers(bad)
+        library.parse_workers(bad)
 
 
 def test_without_rpc_built_the_flag_says_how_to_get_it(monkeypatch):

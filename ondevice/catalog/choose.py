@@ -92,12 +92,12 @@ def _is(model_file: ModelFile, model: LocalModel) -> bool:
 def auto_drafter(target_model: LocalModel, console: Console) -> LocalModel | None:
     """A drafter for the target (see the module docstring; of one size, a model of the target's store
     first), said on the console; None if there is none."""
-    target = target_model.path
-    target_tok = Tokenizer(target)
     for pair in list_pairs():  # 1. this file is a catalog target
         if _is(pair.target, target_model):
             found = ensure(pair.drafter, console)
             return _say(console, found, f"the drafter of the catalog pair {pair.name}")
+    target = target_model.path
+    target_tok = Tokenizer(target)
     for path in downloaded_drafters(target):  # 2. something already here with a working vocabulary
         if vocab_mismatch(target_tok, Tokenizer(path)) is None:
             return _say(console, LocalModel(path, path.name), "already downloaded, same tokenizer")
@@ -135,13 +135,13 @@ def _agreed(console: Console, pair) -> bool:
 
 def downloaded_drafters(target: Path) -> list[Path]:
     """Downloaded GGUF models smaller than the target, catalog drafters first, then by size."""
-    target_parts = {p.resolve() for p in part_paths(target)}
     catalog = [hub.local_path(p.drafter) for p in list_pairs() if hub.is_downloaded(p.drafter)]
     others = [p for p in sorted(paths.models_dir().rglob("*.gguf")) if _is_model_file(p)]
+    target_parts, target_size = {p.resolve() for p in part_paths(target)}, model_bytes(target)
     seen, found = set(), []
     for path in catalog + sorted(others, key=model_bytes):
         key = path.resolve()
-        if key not in seen and key not in target_parts and model_bytes(path) < model_bytes(target):
+        if key not in seen and key not in target_parts and model_bytes(path) < target_size:
             seen.add(key)
             found.append(path)
     return found

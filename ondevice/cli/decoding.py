@@ -135,10 +135,9 @@ def load_pipeline(load: LoadOptions, answers: Answers | None = None) -> Pipeline
 def run_outliving_lost_workers(rpc: str, command: str) -> None:
     """With --rpc, `ondevice chat|serve` runs as a child that is started again without a worker it
     lost (rpc/supervise.py); returns at once in that child, or where argv is not this command's."""
-    from ondevice.loading.rpc_split import parse_workers
-    from ondevice.rpc import supervise
+    from ondevice.rpc import library, supervise
 
     if supervise.is_child() or sys.argv[1:2] != [command]:
         return
-    code = supervise.supervise(sys.argv[1:], list(parse_workers(rpc)), say=lambda line: say(err, line, "dim"), keep_state=command == "chat")
+    code = supervise.supervise(sys.argv[1:], list(library.parse_workers(rpc)), say=lambda line: say(err, line, "dim"), keep_state=command == "chat")
     raise typer.Exit(code)

@@ -23,7 +23,6 @@ from ondevice.bench import prompt_sets
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.rpc import library
 from ondevice.rpc.faults import install_abort_handler
-from ondevice.loading.rpc_split import parse_workers
 
 
 def register_workers(endpoints) -> None:
@@ -48,7 +47,7 @@ def main(argv=None) -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    endpoints = parse_workers(args.rpc)
+    endpoints = library.parse_workers(args.rpc)
     layers = [int(n) for n in args.layers.split(",")]
     if len(layers) != len(endpoints) + 1:
         ap.error("--layers needs one count for this machine and one per worker")

@@ -44,27 +44,31 @@ class LoadOptions:
     rpc: str | None = None  # "host:port,…": the target's layers split across this machine and these workers (ondevice/rpc)
 
     def checked(self) -> "LoadOptions":
-        """These options, or an OndeviceError naming the bad one: checked before anything is downloaded."""
+        """These options, or an OndeviceError naming the bad one: checked before anything is downloaded.
+        The flags' values and combinations first, then what a flag names: a model, RPC workers, a size."""
         if self.target_backend not in TARGET_BACKENDS:
             raise OndeviceError(f"unknown target backend {self.target_backend!r}; choose one of {', '.join(TARGET_BACKENDS)}.")
         if self.drafter_backend not in DRAFTER_BACKENDS:
             raise OndeviceError(f"unknown drafter backend {self.drafter_backend!r}; choose one of {', '.join(DRAFTER_BACKENDS)}.")
-        for flag, size in (("--gpu-memory", self.gpu_memory), ("--ram-memory", self.ram_memory)):
-            if size is not None and parse_size(size) <= 0:
-                raise OndeviceError(f"{flag} must be more than 0 bytes (got {size!r}).")
         if self.threads is not None and self.threads < 1:
             raise OndeviceError(f"--threads must be at least 1 (got {self.threads}).")
         if self.ctx is not None and self.ctx < 16:
             raise OndeviceError(f"--ctx must be at least 16 tokens (got {self.ctx}).")
+        if self.drafter is not None and not self.draft:
+            raise OndeviceError("--drafter and --no-draft contradict each other; drop one.")
+        if self.rpc is not None and self.target_backend not in ("auto", "llama"):
+            raise OndeviceError(f"--rpc splits a llama.cpp target; --target-backend {self.target_backend} cannot be split (drop one).")
         for flag, ref in (("--target", self.target), ("--drafter", self.drafter)):
             if ref is not None:
                 stores.check(ref, flag)
-        if self.drafter is not None and not self.draft:
-            raise OndeviceError("--drafter and --no-draft contradict each other; drop one.")
         if self.rpc is not None:
-            from ondevice.loading.rpc_load import check_rpc_options  # lazy: ggml's RPC library only with --rpc
+            from ondevice.rpc import library  # lazy: ggml's RPC library only with --rpc
 
-            check_rpc_options(self)
+            library.parse_workers(self.rpc)
+            library.require_rpc()  # the installed llama.cpp has RPC
+        for flag, size in (("--gpu-memory", self.gpu_memory), ("--ram-memory", self.ram_memory)):
+            if size is not None and parse_size(size) <= 0:
+                raise OndeviceError(f"{flag} must be more than 0 bytes (got {size!r}).")
         return self
 
     @property

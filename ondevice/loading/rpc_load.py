@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ondevice.errors import OndeviceError
 from ondevice.machine.ram import RamBudget, ram_budget
 from ondevice.loading.memory import MemoryPlan, ModelSize, plan_memory
 from ondevice.rpc import library
-from ondevice.loading.rpc_split import RpcSplit, connect_workers, local_room, parse_workers, plan_split
+from ondevice.loading.rpc_split import RpcSplit, connect_workers, local_room, plan_split
 from ondevice.sizes import parse_size
 
 RPC_MAX_TREE = 64  # the largest tree verified over RPC: each node's logits (n_vocab × 4 bytes, 0.6 MB for
@@ -17,15 +16,7 @@ RPC_MAX_TREE = 64  # the largest tree verified over RPC: each node's logits (n_v
 RPC_UBATCH = 256  # prompt tokens per pass: each worker's compute scratch holds one ubatch's attention scores
 UNBOUNDED = RamBudget(1 << 62, "unbounded")
 
-__all__ = ["RpcSplit", "check_rpc_options", "plan_split_load"]
-
-
-def check_rpc_options(opts) -> None:
-    """--rpc's workers parse and go with the other options; the installed llama.cpp has RPC."""
-    parse_workers(opts.rpc)
-    if opts.target_backend not in ("auto", "llama"):
-        raise OndeviceError(f"--rpc splits a llama.cpp target; --target-backend {opts.target_backend} cannot be split (drop one).")
-    library.require_rpc()
+__all__ = ["RpcSplit", "plan_split_load"]
 
 
 def plan_split_load(target: ModelSize, drafter: ModelSize | None, opts, process_bytes: int | None = None) -> tuple[MemoryPlan, RpcSplit]:
@@ -38,7 +29,7 @@ def plan_split_load(target: ModelSize, drafter: ModelSize | None, opts, process_
     sized = plan_memory(target, drafter, n_ctx=opts.context, max_tree=RPC_MAX_TREE, budget=UNBOUNDED, process_bytes=process_bytes)
     sizes = replace(sized.sizes, target_ubatch=min(RPC_UBATCH, sized.sizes.target_ubatch))
     resident = sized.resident_bytes - sized.buffers["target KV cache"]  # each layer's KV cache lives with it (split.py)
-    workers = connect_workers(parse_workers(opts.rpc))
+    workers = connect_workers(library.parse_workers(opts.rpc))
     split = plan_split(target, local_room(budget.bytes, resident), workers, opts.context, sizes.target_ubatch, sizes.max_tree)
     return replace(sized, budget=budget, sizes=sizes, notes=[split.describe()]), split
 

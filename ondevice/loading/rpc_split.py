@@ -117,18 +117,6 @@ class RpcSplit:
                            "room_bytes": p.room} for p in self.parts], "summary": self.describe(), "traffic": self.traffic()}
 
 
-def parse_workers(text: str) -> tuple[str, ...]:
-    """'h1:p1,h2:p2' → the endpoints, each checked (library.parse_endpoint), no repeats."""
-    endpoints = tuple(e.strip() for e in text.split(",") if e.strip())
-    if not endpoints:
-        raise OndeviceError("--rpc needs at least one worker, e.g. --rpc 127.0.0.1:50052.")
-    for e in endpoints:
-        library.parse_endpoint(e)
-    if len(set(endpoints)) != len(endpoints):
-        raise OndeviceError(f"--rpc names a worker twice ({text}); give each once.")
-    return endpoints
-
-
 def worker_reserve(target: ModelSize, n_ctx: int, n_ubatch: int, max_tree: int) -> int:
     """What a worker needs besides its layers: the compute scratch of one ubatch over the context
     (the last worker's includes the logits), and slack."""

@@ -86,6 +86,18 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def parse_workers(text: str) -> tuple[str, ...]:
+    """'h1:p1,h2:p2' → the endpoints, each checked (parse_endpoint), no repeats."""
+    endpoints = tuple(e.strip() for e in text.split(",") if e.strip())
+    if not endpoints:
+        raise OndeviceError("--rpc needs at least one worker, e.g. --rpc 127.0.0.1:50052.")
+    for e in endpoints:
+        parse_endpoint(e)
+    if len(set(endpoints)) != len(endpoints):
+        raise OndeviceError(f"--rpc names a worker twice ({text}); give each once.")
+    return endpoints
+
+
 def hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     """The worker's protocol version (major, minor, patch), asked as llama.cpp's client asks, or an
     OndeviceError: llama.cpp itself would abort the process on a worker it cannot reach."""
