@@ -338,6 +338,20 @@ HELDOUT28_CHAT = [
     "What is a good way to start journaling?",
 ]
 
+HELDOUT29_CODE = [  # written before any run with the books rescaled to the machine's speed at load
+    "Write a Java method that checks whether a binary tree is balanced.",
+    "Write a Swift function that removes repeated elements from an array while keeping their order.",
+    "Write a Python function that splits a list into chunks of a given size.",
+    "Write a Go function that counts how many times each word appears in a string.",
+]
+
+HELDOUT29_CHAT = [
+    "How can I sleep better when working night shifts?",
+    "How do I remove a red wine stain from a carpet?",
+    "How often should I check my car's tire pressure?",
+    "What is a polite way to ask for a higher salary?",
+]
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))
