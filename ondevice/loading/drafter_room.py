@@ -25,11 +25,12 @@ it to be measured (`explore`): its answers fill the book of the regime with the 
 then on what they measured decides (without that, a prediction short of UNSURE is never put to the
 test). A rate no session measured within STALE_SECONDS is checked again the same way where it is
 within UNSURE of the other side, faster or slower (`measured_lately`): a drafter left out is never
-measured again otherwise, so one slow day would leave it out for good. Free drafts stay on either way: they need no RAM.
+measured again otherwise, so one slow day would leave it out for good. Free drafts stay on either
+way: they need no RAM.
 The timed pass is one moment of a disk whose speed drifts, so where the drafter is kept by less than
 UNSURE the next load times it again and the mean decides (`AlonePass.folded`). A timing older than
 STALE_SECONDS is redone (the disk ran twice as fast one day as the day before), and the books' rates
-are rescaled to it (`rescale`): a rate measured on a slower day is weighed at today's speed.
+are rescaled to it (`ArmBook.rescale`): a rate measured on a slower day is weighed at today's speed.
 `--tree` naming a drafter's builder, or `--drafter FILE`, keeps the drafter (the user asked for it).
 Where the plan with the drafter has less room than a streamed pass needs (`MemoryPlan.over_budget`) and the one without it does not, only a rate measured in its own regime keeps the drafter: the
 prediction rests on passes timed in a child holding the target alone, which paged less.
@@ -236,13 +237,6 @@ def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, D
         choice = choose_drafter(profile, p_rank, *books, layers_with=layers, paging=paging)
         lean = AlonePass.from_dict(profile.alone).plan_for(plan.lean)
     return (plan if choice is None or choice.keep else lean), choice
-
-
-def rescale(books: tuple[ArmBook, ...], profile) -> None:
-    """The books' rates at the machine's speed as the drafter-less pass was just timed: a rate
-    measured on another day is weighed against this timing as if measured now (ArmBook.rescale)."""
-    for book in books:
-        book.rescale(AlonePass.from_dict(profile.alone).yardstick)
 
 
 def yardstick(profile) -> float | None:

@@ -182,11 +182,10 @@ class ArmBook:
 
     def rescale(self, yardstick: float | None) -> None:
         """Bring what was measured at another time to the machine as `yardstick` times it now: every
-        target pass as if it had taken yardstick / self.yardstick times as long (`Tally.pass_scaled`).
-        A disk's speed drifts within an hour and can double from one day to the next: a rate measured
-        on a slow day, weighed unscaled against a pass timed today, left the drafter out where it ran
-        1.2-1.4x faster (docs/measurements/2026-12-06-rates-of-another-day.md). None: nothing timed now,
-        the book stays as it is."""
+        target pass as if it had taken yardstick / self.yardstick times as long (`Tally.pass_scaled`),
+        so a rate measured when the disk ran slower or faster is weighed at its speed now
+        (docs/measurements/2026-12-06-rates-of-another-day.md). None: nothing timed now, the book stays
+        as it is; a book without a yardstick is taken as measured now, and labelled."""
         if yardstick is None or yardstick <= 0:
             return
         if self.yardstick:
