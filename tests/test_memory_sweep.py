@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from ondevice.eval import memory_sweep, sweep_plot
 
 RECORD = {"date": "2026-11-28", "prompts": "heldout16-code", "max_tokens": 48, "disk_gbps": 1.5, "target": "T", "target_bytes": 1.1e9,
@@ -55,3 +57,20 @@ def test_rows_are_read_from_the_bench_report():
     default = memory_sweep.row_of("default", bench)
     assert default["tokens_per_pass"] == 4.0 and default["target_in_ram"] is False
     assert memory_sweep.row_of("llama-cpp", {"rows": [{"tokens_per_second": 1.2}]})["tokens_per_pass"] == 1.0
+
+
+def test_no_disk_bound_where_the_answer_hardly_streams():
+    """Where the file nearly fits a pass reads a few MB: tokens per pass × bandwidth ÷ bytes would put
+    the bound at hundreds of tok/s, and the plot's scale with it. Below a tenth of the file, none."""
+    nearly_fits = {"series": "default", "limit_gb": 1.2, "tokens_per_second": 12.0, "tokens_per_pass": 1.07, "bytes_read_per_pass": 3.1e6}
+    streams = {**nearly_fits, "bytes_read_per_pass": 8.0e8}
+    assert sweep_plot.bound(nearly_fits, 2.2, target_bytes=1.1e9) is None
+    assert sweep_plot.bound(streams, 2.2, target_bytes=1.1e9) == pytest.approx(1.07 * 2.2e9 / 8.0e8)
+    lines = sweep_plot.series_points({**RECORD, "points": [*RECORD["points"], nearly_fits]})
+    assert [x for x, _ in lines["bound"]] == [0.9]
+
+
+def test_a_plan_keeping_every_layer_counts_as_the_target_in_ram():
+    bench = {"results": [{"config": "target only", "tokens_per_second": 13.0, "tokens_per_pass": 1.0, "bytes_read_per_pass": 0.0}],
+             "placement": {"placement": "disk", "predicted_bytes_read_per_pass": 0, "summary": "28 of 28 layers kept"}}  # fmt: skip
+    assert memory_sweep.row_of("target", bench)["target_in_ram"] is True

@@ -77,7 +77,8 @@ def row_of(series: str, record: dict) -> dict:
     placement = record.get("placement") or {}
     return {"tokens_per_second": row["tokens_per_second"], "tokens_per_pass": row["tokens_per_pass"],
             "bytes_read_per_pass": row.get("bytes_read_per_pass"), "config": row["config"],
-            "target_in_ram": placement.get("placement") == "ram", "placement": placement.get("summary")}  # fmt: skip
+            "target_in_ram": placement.get("placement") == "ram" or placement.get("predicted_bytes_read_per_pass") == 0,
+            "placement": placement.get("summary")}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,10 +15,15 @@ LABELS = {"llama-cpp": "llama-cpp-python alone", "target": "ondevice, target alo
           "bound": "disk bound of the default"}  # fmt: skip
 
 
-def bound(point: dict, disk_gbps: float) -> float | None:
-    """tokens per pass × disk bandwidth ÷ bytes read per pass: the fastest a streamed answer can be."""
+STREAMED_SHARE = 0.1  # a pass reading less of the target file than this is bound by its compute: no disk bound drawn
+
+
+def bound(point: dict, disk_gbps: float, target_bytes: float = 0.0) -> float | None:
+    """tokens per pass × disk bandwidth ÷ bytes read per pass: the fastest a streamed answer can be.
+    None where the answer hardly streams (the file nearly fits: a few MB a pass would put the bound
+    at hundreds of tok/s, far above what the pass's compute allows)."""
     read = point.get("bytes_read_per_pass")
-    if not read or read < 1e6 or point.get("target_in_ram"):
+    if not read or read < max(1e6, STREAMED_SHARE * target_bytes) or point.get("target_in_ram"):
         return None
     return point["tokens_per_pass"] * disk_gbps * 1e9 / read
 
@@ -32,7 +37,7 @@ def series_points(record: dict) -> dict[str, list[tuple[float, float]]]:
     for p in record["points"]:
         if "error" not in p and p.get("tokens_per_second"):
             out.setdefault(p["series"], []).append((x_of(p), p["tokens_per_second"]))
-        if p["series"] == "default" and "error" not in p and (b := bound(p, record["disk_gbps"])) is not None:
+        if p["series"] == "default" and "error" not in p and (b := bound(p, record["disk_gbps"], record.get("target_bytes", 0.0))) is not None:
             out.setdefault("bound", []).append((x_of(p), b))
     return {k: sorted(v) for k, v in out.items()}
 
