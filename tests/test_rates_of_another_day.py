@@ -14,7 +14,7 @@ import pytest
 import ondevice
 from ondevice.loading.drafter_room import STALE_SECONDS, AlonePass, choose_drafter
 from ondevice.plan.acceptance import default_p_rank
-from ondevice.plan.arms import ArmBook, load_book, save_book
+from ondevice.plan.arms import ArmBook, Yardstick, load_book, save_book
 from ondevice.plan.profile import Profile
 
 from test_drafter_room import ALONE, Saved, regimes
@@ -36,18 +36,21 @@ def measured(draft: float, pass_: float, tokens: int, rounds: int = 12, target_p
 def test_a_saved_book_is_rescaled_to_the_machine_speed_now(tmp_path, monkeypatch):
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     book = measured(draft=0.2, pass_=0.5, tokens=4)
-    book.yardstick = 0.30  # the drafter-less pass timed before these rounds
+    book.yardstick = Yardstick(0.30, 14)  # the drafter-less pass timed before these rounds
     save_book(book, "pair", "stream")
     as_saved = load_book("pair", "stream")  # nothing timed now: as it was
-    assert as_saved.yardstick == 0.30 and as_saved.spt(TREE, None) == pytest.approx((0.2 + 0.5) / 4)
-    today = load_book("pair", "stream", yardstick=0.15)  # the disk twice as fast: passes take half as long, drafting as long
-    assert today.yardstick == 0.15
+    assert as_saved.yardstick == Yardstick(0.30, 14) and as_saved.spt(TREE, None) == pytest.approx((0.2 + 0.5) / 4)
+    today = load_book("pair", "stream", yardstick=Yardstick(0.15, 14))  # the disk twice as fast: passes take half as long
+    assert today.yardstick == Yardstick(0.15, 14)
     assert today.spt(TREE, None) == pytest.approx((0.2 + 0.25) / 4) and today.spt("target", None) == pytest.approx(0.25)
     assert today.kappa("model") == pytest.approx(as_saved.kappa("model"))  # measured against predicted: the same rounds
     assert today.arms[TREE].tokens == pytest.approx(as_saved.arms[TREE].tokens)
     save_book(today, "pair", "stream")
-    again = load_book("pair", "stream", yardstick=0.30)  # and back: the same book
+    again = load_book("pair", "stream", yardstick=Yardstick(0.30, 15))  # and back: the same book
     assert again.spt(TREE, None) == pytest.approx(as_saved.spt(TREE, None))
+    save_book(again, "pair", "stream")
+    other_plan = load_book("pair", "stream", yardstick=Yardstick(0.15, 20))  # a larger limit keeps more layers: not the machine
+    assert other_plan.spt(TREE, None) == pytest.approx(as_saved.spt(TREE, None)) and other_plan.yardstick == Yardstick(0.15, 20)
 
 
 def test_a_book_saved_without_a_yardstick_is_taken_as_measured_now(tmp_path, monkeypatch):
@@ -58,8 +61,8 @@ def test_a_book_saved_without_a_yardstick_is_taken_as_measured_now(tmp_path, mon
     for tally in (*data["arms"].values(), *data["families"].values()):
         tally.pop("pass_seconds")
     (tmp_path / "arms" / "pair-stream.json").write_text(json.dumps(data))
-    loaded = load_book("pair", "stream", yardstick=0.15)
-    assert loaded.spt(TREE, None) == pytest.approx(0.7 / 4) and loaded.yardstick == 0.15  # unscaled, and labelled from now on
+    loaded = load_book("pair", "stream", yardstick=Yardstick(0.15, 14))
+    assert loaded.spt(TREE, None) == pytest.approx(0.7 / 4) and loaded.yardstick == Yardstick(0.15, 14)  # unscaled, labelled from now on
 
 
 def test_a_drafter_a_slower_day_measured_is_weighed_at_todays_speed(tmp_path, monkeypatch):
@@ -68,12 +71,12 @@ def test_a_drafter_a_slower_day_measured_is_weighed_at_todays_speed(tmp_path, mo
     tree runs 5.6 tok/s today and the drafter is kept."""
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
     slow_day = measured(draft=0.25, pass_=0.56, tokens=3.5, target_pass=0.75)
-    slow_day.yardstick = 0.30
+    slow_day.yardstick = Yardstick(0.30, ALONE.kept_layers)
     save_book(slow_day, "pair", "with")
     today = Saved(replace(ALONE, seconds=0.20, timed_at=time.time()))
     unscaled = choose_drafter(today, default_p_rank(), load_book("pair", "with"), ArmBook())
     assert unscaled.with_drafter == pytest.approx(3.5 / 0.81) and not unscaled.keep
-    choice = choose_drafter(today, default_p_rank(), load_book("pair", "with", yardstick=0.20), ArmBook())
+    choice = choose_drafter(today, default_p_rank(), load_book("pair", "with", yardstick=Yardstick(0.20, ALONE.kept_layers)), ArmBook())
     assert choice.with_source == "measured" and choice.with_drafter == pytest.approx(3.5 / (0.25 + 0.56 * 2 / 3))
     assert choice.keep and choice.unsure  # by less than the planner's distrust: timed again at the next load
 
@@ -83,7 +86,7 @@ def test_a_timing_of_another_day_is_timed_again_not_averaged_in():
     old = replace(ALONE, seconds=0.40, timed_at=now - STALE_SECONDS - 60)
     fresh = replace(ALONE, seconds=0.20, timed_at=now)
     assert not old.fresh() and old.yardstick is None  # says nothing of the machine now
-    assert fresh.fresh() and fresh.yardstick == 0.20
+    assert fresh.fresh() and fresh.yardstick == Yardstick(0.20, ALONE.kept_layers)
     assert old.folded(fresh) == fresh  # a new mean starts
     assert replace(old, timed_at=now - 60).folded(fresh).seconds == pytest.approx(0.30)  # within the hours: the mean
     assert replace(fresh, busy=True).yardstick is None  # disturbed: not a measure of the machine
@@ -104,7 +107,7 @@ def test_a_load_after_hours_times_the_pass_again_and_the_planner_rescales_its_bo
     profile.alone = replace(first, timed_at=first.timed_at - STALE_SECONDS - 60, timings=5).to_dict()  # hours ago
     path.write_text(json.dumps(profile.to_dict()))
     book = measured(draft=0.0, pass_=1e-6, tokens=1, rounds=40)
-    book.yardstick = 2.0 * first.seconds  # its rounds ran when the pass took twice as long as timed today
+    book.yardstick = Yardstick(2.0 * first.seconds, first.kept_layers)  # its rounds ran when the pass took twice as long
     save_book(book, "tiny", with_drafter)
     with ondevice.load("tiny", **load) as pipe:
         timed = AlonePass.from_dict(json.loads(path.read_text())["alone"])
@@ -113,10 +116,10 @@ def test_a_load_after_hours_times_the_pass_again_and_the_planner_rescales_its_bo
             pytest.skip("every sample of the timing was disturbed by other processes: no yardstick")
         planner = pipe.auto_planner()
         assert pipe.drafter_choice.keep and planner.regime == with_drafter
-        assert planner.book.yardstick == pytest.approx(timed.seconds)
-        spt = book.spt("target", None) * timed.seconds / book.yardstick  # every round a pass, rescaled
+        assert planner.book.yardstick == timed.yardstick
+        spt = book.spt("target", None) * timed.seconds / book.yardstick.seconds  # every round a pass, rescaled
         assert planner.book.spt("target", None) == pytest.approx(spt)
-        assert pipe.drafter_choice.with_drafter == pytest.approx(book.yardstick / timed.seconds / book.spt(TREE, None))
+        assert pipe.drafter_choice.with_drafter == pytest.approx(book.yardstick.seconds / timed.seconds / book.spt(TREE, None))
 
 
 def test_a_drafter_left_out_on_a_rate_of_another_time_is_measured_again_when_close(tmp_path, monkeypatch):

@@ -54,7 +54,7 @@ from ondevice.loading.plan import LoadPlan
 from ondevice.loading.profiling import profile_backends
 from ondevice.machine.ram import return_freed_memory
 from ondevice.plan.acceptance import AcceptanceTracker
-from ondevice.plan.arms import LOAD_WEIGHT, OPTIMISM, ArmBook, load_book
+from ondevice.plan.arms import LOAD_WEIGHT, OPTIMISM, ArmBook, Yardstick, load_book
 from ondevice.plan.auto import regime_of
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import LatencyCurve, pass_sizes
@@ -91,10 +91,10 @@ class AlonePass:
         return (time.time() if now is None else now) - self.timed_at <= STALE_SECONDS
 
     @property
-    def yardstick(self) -> float | None:
+    def yardstick(self) -> Yardstick | None:
         """The machine's streaming speed now, for the planner's books (plan/arms.ArmBook.rescale): this
-        pass's seconds where they were timed lately and undisturbed, else None."""
-        return self.seconds if self.fresh() and not self.busy and self.seconds > 0 else None
+        pass where it was timed lately and undisturbed, else None."""
+        return Yardstick(self.seconds, self.kept_layers) if self.fresh() and not self.busy and self.seconds > 0 else None
 
     def lean_curve(self) -> LatencyCurve | None:
         return None if self.curve is None else LatencyCurve.from_dict(self.curve)
@@ -239,7 +239,7 @@ def drafter_or_layers(plan: LoadPlan, profile, status=None) -> tuple[LoadPlan, D
     return (plan if choice is None or choice.keep else lean), choice
 
 
-def yardstick(profile) -> float | None:
+def yardstick(profile) -> Yardstick | None:
     """The drafter-less pass's seconds as timed lately (AlonePass.yardstick), what the planner's books
     of this load are rescaled to; None where nothing was timed lately."""
     alone = AlonePass.from_dict(getattr(profile, "alone", None))

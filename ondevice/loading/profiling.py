@@ -19,7 +19,7 @@ from ondevice.decode.protocols import MAX_BUDGET
 
 
 def profile_backends(plan: LoadPlan, make_target=None, make_decode_batch=None, drafters: tuple[str, ...] = CPU_BACKENDS,
-                     lean_curve=None, key: str | None = None, yardstick: float | None = None):
+                     lean_curve=None, key: str | None = None, yardstick=None):
     """What the profile measures: the loaded target and drafter (factories given; default: opened as
     planned), and the other CPU backends `ondevice profile` compares them with (of `drafters`). One
     profile file per pair and machine setup ("cpu-t2", "cuda-t16"; "cpu-t2-stream" when the memory

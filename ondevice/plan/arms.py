@@ -166,6 +166,27 @@ class Audit:
     switch_pending: bool  # its first round will also pay a switch (the drafter catching up)
 
 
+@dataclass(frozen=True)
+class Yardstick:
+    """The drafter-less 1-token pass a load timed (loading/drafter_room.AlonePass): its seconds, and the
+    layers its plan kept. Two timings of the same plan say how the machine's speed moved between them;
+    a timing of another plan (another memory limit, the same book) says how the plan moved."""
+
+    seconds: float
+    kept_layers: int
+
+    def comparable(self, other: "Yardstick") -> bool:
+        return abs(self.kept_layers - other.kept_layers) <= 1  # a layer either way: one process's RSS to the next
+
+    @classmethod
+    def from_dict(cls, d) -> "Yardstick | None":
+        try:
+            seconds, layers = float(d["seconds"]), int(d["kept_layers"])
+        except (TypeError, KeyError, ValueError):
+            return None
+        return cls(seconds, layers) if math.isfinite(seconds) and seconds > 0 else None
+
+
 @dataclass
 class ArmBook:
     """Measured arms of one regime (machine, pair, backends, in RAM or streamed), and the policy."""
@@ -176,21 +197,22 @@ class ArmBook:
     audit_regret: float = 0.0  # this session's audits: seconds beyond the incumbent's pace
     audit: Audit | None = None
     incumbent_spt: float | None = None  # the incumbent's estimate when the last arm was chosen
-    yardstick: float | None = None  # a streaming regime: the seconds of the drafter-less 1-token pass timed
-    # at the load its rounds ran after (the machine's speed then: `rescale`); None: not known
+    yardstick: Yardstick | None = None  # a streaming regime: the drafter-less pass timed at the load its rounds
+    # ran after (the machine's speed then: `rescale`); None: not known
     saved_at: float = 0.0  # when a session last saved it (time.time(); 0: not known)
 
-    def rescale(self, yardstick: float | None) -> None:
+    def rescale(self, yardstick: Yardstick | None) -> None:
         """Bring what was measured at another time to the machine as `yardstick` times it now: every
         target pass as if it had taken yardstick / self.yardstick times as long (`Tally.pass_scaled`),
         so a rate measured when the disk ran slower or faster is weighed at its speed now
         (docs/measurements/2026-12-06-rates-of-another-day.md). None: nothing timed now, the book stays
-        as it is; a book without a yardstick is taken as measured now, and labelled."""
-        if yardstick is None or yardstick <= 0:
+        as it is. A book without a yardstick, or with one of another plan (`Yardstick.comparable`), is
+        taken as measured now, and labelled."""
+        if yardstick is None:
             return
-        if self.yardstick:
+        if self.yardstick is not None and self.yardstick.comparable(yardstick):
             for tally in (*self.arms.values(), *self.families.values()):
-                tally.pass_scaled(yardstick / self.yardstick)
+                tally.pass_scaled(yardstick.seconds / self.yardstick.seconds)
         self.yardstick = yardstick
 
     # --- estimates --------------------------------------------------------------------------------
@@ -308,13 +330,12 @@ class ArmBook:
     # --- persistence --------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"arms": {a: asdict(t) for a, t in self.arms.items()}, "families": {f: asdict(t) for f, t in self.families.items()},
-                "yardstick": self.yardstick, "saved_at": self.saved_at}
+                "yardstick": None if self.yardstick is None else asdict(self.yardstick), "saved_at": self.saved_at}
 
     @classmethod
     def from_dict(cls, d: dict, weight: float = LOAD_WEIGHT) -> "ArmBook":
-        yardstick = d.get("yardstick")
         saved_at = d.get("saved_at")
-        book = cls(yardstick=float(yardstick) if isinstance(yardstick, (int, float)) and math.isfinite(yardstick) and yardstick > 0 else None,
+        book = cls(yardstick=Yardstick.from_dict(d.get("yardstick")),
                    saved_at=float(saved_at) if isinstance(saved_at, (int, float)) and math.isfinite(saved_at) else 0.0)
         for key, target in (("arms", book.arms), ("families", book.families)):
             for name, values in d.get(key, {}).items():
@@ -331,7 +352,7 @@ def book_path(pair: str, regime: str) -> Path:
     return state_file("arms", f"{pair}-{regime}.json")
 
 
-def load_book(pair: str, regime: str, yardstick: float | None = None) -> ArmBook:
+def load_book(pair: str, regime: str, yardstick: Yardstick | None = None) -> ArmBook:
     """The saved book (at LOAD_WEIGHT), or a fresh one; a file of the wrong shape is replaced (paths.read_state).
     yardstick: the machine's speed as the load timed it, which the book's seconds are rescaled to (`ArmBook.rescale`)."""
     book = read_state(book_path(pair, regime), ArmBook.from_dict, "planner's measurements") or ArmBook()

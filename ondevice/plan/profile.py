@@ -68,7 +68,7 @@ class ProfileBackends:
     memory: object | None = None  # load.memory.MemoryPlan of a llama.cpp target: in RAM or streamed
     profile_first: bool = False  # measure a missing profile before the first answer (a GPU target: seconds)
     lean_curve: LatencyCurve | None = None  # a streaming load without the drafter model: its passes timed at load (AlonePass)
-    yardstick: float | None = None  # a streaming load: the drafter-less pass timed lately, seconds (plan/arms.ArmBook.rescale)
+    yardstick: object | None = None  # a streaming load: the drafter-less pass timed lately (plan/arms.Yardstick, ArmBook.rescale)
 
     @property
     def profile_key(self) -> str:
