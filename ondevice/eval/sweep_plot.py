@@ -37,7 +37,8 @@ def series_points(record: dict) -> dict[str, list[tuple[float, float]]]:
     for p in record["points"]:
         if "error" not in p and p.get("tokens_per_second"):
             out.setdefault(p["series"], []).append((x_of(p), p["tokens_per_second"]))
-        if p["series"] == "default" and "error" not in p and (b := bound(p, record["disk_gbps"], record.get("target_bytes", 0.0))) is not None:
+        b = bound(p, record["disk_gbps"], record.get("target_bytes", 0.0)) if p["series"] == "default" and "error" not in p else None
+        if b is not None:
             out.setdefault("bound", []).append((x_of(p), b))
     return {k: sorted(v) for k, v in out.items()}
 

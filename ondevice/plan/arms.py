@@ -299,9 +299,9 @@ class ArmBook:
 
     def observe(self, arm: str, tokens: int, seconds: float, spt_predicted: float | None, audit: bool,
                 spt_incumbent: float | None, switch: bool = False, own: bool = True, pass_seconds: float = 0.0) -> None:
-        """One round of `arm`: tokens emitted in `seconds`, `pass_seconds` of them the target's pass. spt_predicted: what was predicted for it
-        (None: nothing, or a prediction not to learn from — its pass ran far off the curve it was
-        priced on, which the curve itself learns). switch: it paid for a switch of arms (a drafter
+        """One round of `arm`: tokens emitted in `seconds`, `pass_seconds` of them the target's pass.
+        spt_predicted: what was predicted for it (None: nothing, or a prediction not to learn from —
+        its pass ran far off the curve it was priced on, which the curve itself learns). switch: it paid for a switch of arms (a drafter
         catching up), which is booked to the audits and not to the arm. spt_incumbent: the
         incumbent's estimate when the round ran (an audit's regret is measured against it).
         own=False: a round any arm of the family would have paid for alike (a tree's first round of
