@@ -301,7 +301,8 @@ class MemoryPlan:
         if self.target_in_ram:
             where = "target in RAM"
         elif self.steered:
-            where = f"target streams from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)"
+            where = (f"target streams from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)" if self.bytes_read_per_pass
+                     else "target read from disk once (nothing read per pass)")  # every layer kept, as `ondevice models` says
         else:  # what the kernel keeps cached is its own: the room is the steered plan's
             where = "target streams from disk, the file mapped and left to the page cache (room for"
         kept, layers = (self.kept_layers(self.ahead) if self.ahead else ()), self.kept_layer_count
@@ -311,11 +312,9 @@ class MemoryPlan:
             where += f", its {head}{counted} kept in RAM" if self.steered else f" about its {head}{counted})"
         elif self.streams and not self.steered:
             where += " none of its layers)"
-        text = (
-            f"{where}: {format_bytes(self.target.file_bytes)} target, RAM {self.budget.describe()} holds "
-            f"drafter {format_bytes(self.drafter_bytes)}, buffers {format_bytes(sum(self.buffers.values()))} "
-            f"(context {self.sizes.n_ctx} tokens, trees up to {self.sizes.max_tree} nodes), process {format_bytes(self.process_bytes)}"
-        )
+        text = (f"{where}: {format_bytes(self.target.file_bytes)} target, RAM {self.budget.describe()} holds "
+                f"drafter {format_bytes(self.drafter_bytes)}, buffers {format_bytes(sum(self.buffers.values()))} "
+                f"(context {self.sizes.n_ctx} tokens, trees up to {self.sizes.max_tree} nodes), process {format_bytes(self.process_bytes)}")
         return "; ".join([text, *self.notes])
 
     def to_dict(self) -> dict:
