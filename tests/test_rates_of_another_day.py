@@ -112,10 +112,12 @@ def test_a_load_after_hours_times_the_pass_again_and_the_planner_rescales_its_bo
     with ondevice.load("tiny", **load) as pipe:
         timed = AlonePass.from_dict(json.loads(path.read_text())["alone"])
         assert timed.fresh() and timed.timings == 1  # timed again, the old mean dropped
-        if timed.busy:
-            pytest.skip("every sample of the timing was disturbed by other processes: no yardstick")
         planner = pipe.auto_planner()
         assert pipe.drafter_choice.keep and planner.regime == with_drafter
+        if timed.busy:  # every sample disturbed by other processes: no yardstick, the book as saved
+            assert timed.yardstick is None and planner.book.yardstick == book.yardstick
+            assert planner.book.spt("target", None) == pytest.approx(book.spt("target", None))
+            return
         assert planner.book.yardstick == timed.yardstick
         spt = book.spt("target", None) * timed.seconds / book.yardstick.seconds  # every round a pass, rescaled
         assert planner.book.spt("target", None) == pytest.approx(spt)

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ondevice.paths import read_state, state_file, write_json
@@ -114,8 +114,8 @@ class Tally:
         return self.predicted_seconds / self.predicted if self.predicted > 1e-12 else None
 
     def fade(self, factor: float) -> None:
-        for name in ("tokens", "seconds", "rounds", "predicted", "predicted_tokens", "predicted_seconds", "pass_seconds"):
-            setattr(self, name, getattr(self, name) * factor)
+        for f in fields(self):  # every sum
+            setattr(self, f.name, getattr(self, f.name) * factor)
 
     def pass_scaled(self, factor: float) -> None:
         """As if every target pass had taken `factor` times as long (the rest of each round as it was);
