@@ -352,6 +352,20 @@ HELDOUT29_CHAT = [
     "What is a polite way to ask for a higher salary?",
 ]
 
+HELDOUT30_CODE = [  # written before any run on the AVX-512 EPYC of 2026-12-06
+    "Write a TypeScript function that deep-merges two plain objects.",
+    "Write a Lua function that shuffles a table in place.",
+    "Write a Kotlin function that returns the longest word in a sentence.",
+    "Write a C# method that counts how many vowels a string contains.",
+]
+
+HELDOUT30_CHAT = [
+    "How do I get my cat used to a new litter box?",
+    "What is a good way to split chores with roommates?",
+    "How can I stop my glasses from fogging up when I wear a mask?",
+    "How should I prepare for a long flight with a toddler?",
+]
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))
