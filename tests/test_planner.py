@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
-from ondevice.plan.acceptance import AcceptanceTracker, default_p_rank
-from ondevice.plan.cost_model import choose_plan
-from ondevice.plan.sequoia import SequoiaTable, chain_tokens_per_pass, optimal_tree, tree_tokens_per_pass
+from ondevice.decode.protocols import DraftSpec
 from ondevice.decode.tree import DraftTree
+from ondevice.draft.builders import Round, build_best_first
+from ondevice.plan.acceptance import AcceptanceTracker, default_p_rank
+from ondevice.plan.cost_model import best_first_batches, choose_plan
+from ondevice.plan.curve import Curves, LatencyCurve, powers_of_two
+from ondevice.plan.sequoia import SequoiaTable, chain_tokens_per_pass, optimal_tree, tree_tokens_per_pass
 
 P_VECTORS = [
     [0.86, 0.077, 0.031, 0.012],
@@ -204,3 +207,41 @@ def test_a_round_pays_for_decoding_the_accepted_leaf():
     assert plan.builder in ("chain", "best-first") and plan.budget == 1
     draft = 0.01 + 0.9 * (0.05 - 0.01)  # one call, plus the catch-up when the drafted token was accepted
     assert plan.predicted_tokens_per_second == pytest.approx(plan.predicted_tokens_per_pass / (draft + 0.1))
+
+
+class SameEverywhere:
+    """A drafter whose every node's children are tokens 0, 1, … with probabilities p (token i: rank i)."""
+
+    def __init__(self, p: np.ndarray, vocab: int = 64):
+        self.row = np.full(vocab, -30.0)
+        self.row[: len(p)] = np.log(p)
+        self.calls: list[int] = []
+
+    def expand(self, tree, nodes):
+        self.calls.append(len(nodes))
+        return np.tile(self.row, (len(nodes), 1))
+
+    def free_capacity(self) -> int:
+        return 10_000
+
+    def release(self, tree, alive) -> None:
+        pass
+
+
+@pytest.mark.parametrize("p", [[0.86, 0.077, 0.031, 0.012, 0.005], [0.6, 0.2, 0.1, 0.05, 0.03], [0.4, 0.25, 0.15, 0.1, 0.05]])
+@pytest.mark.parametrize("budget", [4, 8, 15, 31, 63])
+def test_best_first_is_priced_by_the_calls_its_search_makes(p, budget):
+    """The cost model prices best-first's drafting by the calls the real builder makes (draft/builders.py,
+    every kept node expanded, in score order, a call per BATCH_SPREAD band), not one per level of the
+    shape: on a steep p (code) a 15-node tree is ~14 calls of one node."""
+    p = np.asarray(p) / np.sum(p)
+    drafter = SameEverywhere(p)
+    tree = build_best_first(Round(DraftSpec("best-first", budget), 0, drafter), drafter.row.copy(), max_batch=64)
+    ranks = tree.tokens.copy()
+    ranks[0] = -1
+    calls = [1, *drafter.calls]  # the root's distribution came from the call before (the target's token decoded)
+    priced = best_first_batches(SimpleNamespace(parents=tree.parents, ranks=ranks), p)
+    assert len(priced) == len(calls)  # the same calls, one after the other
+    assert sum(priced) == pytest.approx(sum(calls), rel=0.25)  # (the builder also expands nodes it prunes later)
+    if p[0] > 0.8 and budget <= 15:
+        assert len(priced) >= budget  # a call per node: the root, then every node the search keeps but the last

@@ -366,6 +366,20 @@ HELDOUT30_CHAT = [
     "How should I prepare for a long flight with a toddler?",
 ]
 
+HELDOUT31_CODE = [  # written before any run of the drafting priced per call of the search
+    "Write an Elixir function that sums the even numbers in a list.",
+    "Write a Swift function that returns the indices of a string's uppercase letters.",
+    "Write a Dart function that capitalizes the first letter of every word in a string.",
+    "Write a Go function that returns the greatest common divisor of two integers.",
+]
+
+HELDOUT31_CHAT = [
+    "How do I stop my bread dough from sticking to my hands?",
+    "What can I do on a rainy weekend with two bored kids?",
+    "How should I store winter clothes over the summer?",
+    "What should I bring to a friend's housewarming party?",
+]
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))

@@ -27,6 +27,7 @@ from ondevice.errors import OndeviceError
 from ondevice.decode.protocols import MAX_BUDGET, MODEL_BUILDERS, Drafter, DraftSpec
 from ondevice.decode.tree import DraftTree
 
+PROBE_CHILDREN = 16  # children the profile's probe ranks for each row, as a best-first search of 16 nodes does
 GROW_BATCH = 1  # nodes per expansion while the target verifies: one, so the search stops soon after the pass
 
 
@@ -142,7 +143,8 @@ class ModelDrafter(Drafter):
 
     def probe_batch(self, n: int) -> None:
         """Draft n nodes as the builders would (siblings, each on its own branch; more than max_batch,
-        or than the cache has branches for, take several expansion calls), then undo it. For profiling."""
+        or than the cache has branches for, take several expansion calls), then undo it. For profiling:
+        a call is timed with the search's work on its rows, which the cost model prices with it."""
         stand_in = stand_in_tokens(64 + n, self.n_vocab)
         if not self.cache.tokens:
             self.cache.sync(stand_in[:64].tolist())  # a 64-token context
@@ -151,7 +153,9 @@ class ModelDrafter(Drafter):
             search = SearchTree(self.cache.tokens[-1])
             batch = stand_in[64 + start : 64 + min(n, start + step)]
             nodes = search.add_children(0, batch, np.zeros(len(batch)))
-            self.cache.expand(search, nodes)
+            r = Round(DraftSpec("best-first", PROBE_CHILDREN), search.tokens[0], self.expander, tree=search)
+            for node, logp in zip(nodes, r.expand(nodes)):  # and what the search does with each row: its
+                r.add(node, logp, PROBE_CHILDREN)  # log-probs over the vocabulary, its top children (~2.5 ms a row)
             self.cache.release(search, {0})
 
 

@@ -8,11 +8,17 @@ Per target pass we pay for drafting and for verifying, and we emit E = E[accepte
                  s/token = (max(t_target(n), t_draft) + (1 − h)·t_draft) / E
 
 with n = budget + 1 tree nodes (the root too), E from Sequoia's DP (sequoia.py) or the chain formula,
-and t_draft = Σ over levels of the drafter's call latency at that level's batch (one call per level:
-level-by-level expansion; a chain is `budget` calls of batch 1), plus the first call's catch-up: the
-accepted path's last drafted token was proposed but never decoded, so when the path ends there (p
-of the top-1 path) that call decodes 2 tokens, not 1 (docs/measurements/code-notes.md, "The
-drafter's catch-up"). Overlap is possible where the
+and t_draft the drafter's calls: a chain's `budget` calls of one node; best-first's as its search makes
+them growing the priced shape (`best_first_batches`): it expands every node it keeps, leaves included
+(to learn that their children do not enter the tree), in score order, each call the waiting nodes
+within BATCH_SPREAD nats of the best. Where the drafter is sure (a steep p) that is a chain of calls
+of one node, deeper than the shape's levels; where it is not, fewer calls of several nodes. (Priced
+one call per level of the shape, drafting measured 1.2x the prediction at 8 nodes and 1.5x at 16:
+bigger trees looked cheaper than they were: docs/measurements/2026-12-06-drafting-priced-per-call.md.)
+The first call also catches up: the accepted path's last drafted token was proposed but never
+decoded, so when the path ends there (p of the top-1 path) that call decodes 2 tokens, not 1
+(docs/measurements/code-notes.md, "The drafter's catch-up").
+Overlap is possible where the
 drafter does not take the target's cores: a GPU target, or a CPU with cores to spare for both
 (`overlap_possible`). On a CPU whose cores the target's threads already use, even a target that
 waits on the disk leaves none free: llama.cpp's threads spin while one of them waits for a page
@@ -37,6 +43,7 @@ import numpy as np
 from ondevice.plan.curve import Curves, pass_sizes
 from ondevice.plan.sequoia import MAX_DEPTH, chain_tokens_per_pass, sequoia_table
 from ondevice.decode.protocols import DraftSpec
+from ondevice.draft.builders import BATCH_SPREAD
 
 # drafted nodes per pass: those whose pass (with the root) is one a profile times — 2^k or 2^k + 1
 # nodes (curve.pass_sizes): filled to a tile edge, or one past it, priced as measured
@@ -72,20 +79,37 @@ class Plan:
 
 
 def _draft_seconds(curves: Curves, batches: Sequence[int], p_leaf: float) -> float:
-    """One draft call per level; each costs the drafter's latency at that level's batch. The first
-    call also decodes what the drafter's cache lacks: the target's bonus token, and with probability
-    p_leaf the accepted path's last drafted token too (a leaf: proposed, never decoded), a batch of 2.
-    """
+    """One draft call per batch, each at the drafter's latency for it. The first call also decodes
+    what the drafter's cache lacks: the target's bonus token, and with probability p_leaf the accepted
+    path's last drafted token too (a leaf: proposed, never decoded), a batch of 2."""
     catch_up = p_leaf * (curves.drafter(2) - curves.drafter(1))
     return sum(curves.drafter(b) for b in batches) + catch_up
 
 
+def best_first_batches(shape, p_rank: np.ndarray, spread: float = BATCH_SPREAD) -> list[int]:
+    """The nodes of each drafter call best-first makes to grow `shape` when every node's children are
+    as likely as p_rank says (draft/builders.py): first the root (the target's last token), then every
+    node but the lowest-scored (whose children cannot enter the tree), in score order; a call takes
+    the waiting nodes within `spread` nats of the best one."""
+    logp = np.log(np.maximum(np.asarray(p_rank, dtype=np.float64), 1e-12))
+    scores, children = np.zeros(len(shape.parents)), [[] for _ in shape.parents]
+    for v in range(1, len(shape.parents)):
+        scores[v] = scores[shape.parents[v]] + logp[shape.ranks[v]]
+        children[shape.parents[v]].append(v)
+    threshold = scores[1:].min() if len(scores) > 1 else 0.0
+    waiting, batches = [v for v in children[0] if scores[v] > threshold], [1]
+    while waiting:
+        best = max(scores[v] for v in waiting)
+        batch = [v for v in waiting if scores[v] >= best - spread]
+        batches.append(len(batch))
+        waiting = [v for v in waiting if scores[v] < best - spread] + [c for v in batch for c in children[v] if scores[c] > threshold]
+    return batches
+
+
 def longest_round(curves: Curves, budget: int, overhead_per_pass: float = 0.0) -> float:
-    """The longest round a tree of `budget` drafted nodes can take: best-first follows the drafter's
-    confidence, not the depth it was priced at (`Plan.draft_spec`), so on text the drafter is sure of
-    it drafts a chain, one call per node, and its round can run far past the prediction
-    (docs/measurements/2026-12-05-planner-heldout24.md). What an audit of an unmeasured tree is
-    budgeted at (arms.py)."""
+    """The longest round a tree of `budget` drafted nodes is priced at: one drafter call per node and
+    the catch-up certain. What an audit of an unmeasured tree is budgeted at (arms.py): on text the
+    drafter is sure of, best-first's round runs there (docs/measurements/2026-12-05-planner-heldout24.md)."""
     return _draft_seconds(curves, [1] * budget, 1.0) + curves.target(budget + 1) + overhead_per_pass
 
 
@@ -122,7 +146,7 @@ def _candidates(curves: Curves, p_rank: np.ndarray, budgets: Sequence[int], max_
                 break
             top1 = _top1_path(shape)
             hit = guess_hit_rate(p_rank, top1, int(np.sum(shape.parents == 0)))
-            t_draft = _draft_seconds(curves, shape.expansions_per_level(), float(p_rank[0] ** top1))  # leaf ≈ end of the top-1 path
+            t_draft = _draft_seconds(curves, best_first_batches(shape, p_rank), float(p_rank[0] ** top1))  # leaf ≈ end of the top-1 path
             yield "best-first", budget, depth, shape.tokens_per_pass, t_draft, t_target, hit
 
 

@@ -52,13 +52,6 @@ class TreeShape:
     def depth(self) -> int:
         return int(self.depths.max())
 
-    def expansions_per_level(self) -> list[int]:
-        """Number of nodes with children at depth 0, 1, …: the batch of each level-by-level draft call."""
-        parents = np.unique(self.parents[1:])
-        if len(parents) == 0:
-            return []
-        return np.bincount(self.depths[parents]).tolist()
-
 
 def tree_tokens_per_pass(parents: np.ndarray, ranks: np.ndarray, p_rank: np.ndarray) -> float:
     """E[accepted + 1] of any shape, straight from the definition: Σ_v P(root→v all accepted)."""
