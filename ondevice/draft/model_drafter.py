@@ -155,7 +155,7 @@ class ModelDrafter(Drafter):
             nodes = search.add_children(0, batch, np.zeros(len(batch)))
             r = Round(DraftSpec("best-first", PROBE_CHILDREN), search.tokens[0], self.expander, tree=search)
             for node, logp in zip(nodes, r.expand(nodes)):  # and what the search does with each row: its
-                r.add(node, logp, PROBE_CHILDREN)  # log-probs over the vocabulary, its top children (~2.5 ms a row)
+                r.add(node, logp, PROBE_CHILDREN)  # log-probs over the vocabulary, its top children
             self.cache.release(search, {0})
 
 

@@ -8,13 +8,13 @@ Per target pass we pay for drafting and for verifying, and we emit E = E[accepte
                  s/token = (max(t_target(n), t_draft) + (1 − h)·t_draft) / E
 
 with n = budget + 1 tree nodes (the root too), E from Sequoia's DP (sequoia.py) or the chain formula,
-and t_draft the drafter's calls: a chain's `budget` calls of one node; best-first's as its search makes
-them growing the priced shape (`best_first_batches`): it expands every node it keeps, leaves included
-(to learn that their children do not enter the tree), in score order, each call the waiting nodes
-within BATCH_SPREAD nats of the best. Where the drafter is sure (a steep p) that is a chain of calls
-of one node, deeper than the shape's levels; where it is not, fewer calls of several nodes. (Priced
-one call per level of the shape, drafting measured 1.2x the prediction at 8 nodes and 1.5x at 16:
-bigger trees looked cheaper than they were: docs/measurements/2026-12-06-drafting-priced-per-call.md.)
+and t_draft the drafter's calls, each at the profile's time for its width (a call timed with the
+search's work on its rows: `ModelDrafter.probe_batch`): a chain's `budget` calls of one node;
+best-first's as its search makes them growing the priced shape (`best_first_batches`): it expands
+every node it keeps, leaves included (to learn that their children do not enter the tree), in score
+order, each call the waiting nodes within BATCH_SPREAD nats of the best — one call per node where the
+drafter is sure, fewer and wider where it is not, more than the shape's levels wherever it branches
+(docs/measurements/2026-12-06-drafting-priced-per-call.md).
 The first call also catches up: the accepted path's last drafted token was proposed but never
 decoded, so when the path ends there (p of the top-1 path) that call decodes 2 tokens, not 1
 (docs/measurements/code-notes.md, "The drafter's catch-up").
