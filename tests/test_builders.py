@@ -22,6 +22,8 @@ from ondevice.decode.tree import DraftTree
 class MarkovLM:
     """An `Expander` over a (vocab, vocab) logits table; records the batch size of every call."""
 
+    columns = None
+
     def __init__(self, vocab: int = 24, scale: float = 2.5, seed: int = 0):
         self.table = (np.random.default_rng(seed).standard_normal((vocab, vocab)) * scale).astype(np.float32)
         self.batches: list[int] = []
@@ -144,6 +146,76 @@ def test_sampling_records_q_and_draws_distinct_children_reproducibly():
             assert q.shape == (24,) and abs(q.sum() - 1) < 1e-5
             expected = np.exp(log_softmax(lm.table[tree.tokens[node]].astype(np.float64) / 0.7))
             np.testing.assert_allclose(q, expected, rtol=1e-4, atol=1e-7)
+
+
+class KeptColumns:
+    """What a VocabTrim head tells a search: its logits' column i is token keep_ids[i]."""
+
+    def __init__(self, keep_ids: np.ndarray, n_vocab_full: int):
+        self.keep_ids, self.n_vocab_full = keep_ids, n_vocab_full
+
+    def to_target_ids(self, draft_ids) -> np.ndarray:
+        return self.keep_ids[np.asarray(draft_ids, dtype=np.int64)]
+
+    def to_target_probs(self, probs: np.ndarray) -> np.ndarray:
+        full = np.zeros(probs.shape[:-1] + (self.n_vocab_full,), dtype=probs.dtype)
+        full[..., self.keep_ids] = probs
+        return full
+
+
+class NarrowLM(MarkovLM):
+    """MarkovLM's logits at the kept tokens only, as a trimmed drafter returns them."""
+
+    def __init__(self, keep_ids: np.ndarray, **kw):
+        super().__init__(**kw)
+        self.columns = KeptColumns(keep_ids, len(self.table))
+
+    def expand(self, tree, nodes):
+        return super().expand(tree, nodes)[:, self.columns.keep_ids]
+
+
+class MaskedLM(MarkovLM):
+    """The same drafter with every column: -inf (probability 0) outside the kept tokens."""
+
+    def __init__(self, keep_ids: np.ndarray, **kw):
+        super().__init__(**kw)
+        outside = np.ones(len(self.table), bool)
+        outside[keep_ids] = False
+        self.table[:, outside] = -np.inf
+
+
+@pytest.mark.parametrize(
+    "builder, spec",
+    [
+        ("best-first", dict(budget=30)),
+        ("best-first", dict(budget=12, max_depth=3)),
+        ("chain", dict(budget=6)),
+        ("multi-seq", dict(budget=12)),
+        ("best-first", dict(budget=20, temperature=0.8, sample_children=True, seed=5)),
+        ("best-first", dict(budget=20, temperature=0.8, seed=5)),
+    ],
+)
+def test_a_search_over_kept_columns_drafts_the_tree_of_full_width_logits(builder, spec):
+    """A trimmed drafter's search ranks its K columns alone; the tree, its log-probs and its q must be
+    those of the same logits spread over the whole vocabulary with -inf elsewhere."""
+    keep = np.sort(np.random.default_rng(2).choice(24, 11, replace=False))
+    narrow, masked = NarrowLM(keep, scale=1.5), MaskedLM(keep, scale=1.5)
+    root = int(np.setdiff1d(np.arange(24), keep)[0])  # the context may end in a token the drafter never proposes
+    trees = []
+    for lm, root_row in ((narrow, narrow.table[[root]][:, keep]), (masked, masked.table[[root]])):
+        r = Round(DraftSpec(builder=builder, **spec), root, lm)
+        root_logp = r.distributions([0], root_row)[0]
+        build = {"chain": build_chain, "multi-seq": build_multi_seq}.get(builder)
+        trees.append(build(r, root_logp) if build else build_best_first(r, root_logp, max_batch=4))
+    got, want = trees
+    assert len(want) == spec["budget"] + 1 and set(want.tokens[1:].tolist()) <= set(keep.tolist())
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.parents, want.parents)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+    assert got.q.keys() == want.q.keys() and (len(want.q) > 0) == (spec.get("temperature", 0) > 0)
+    for node, q in want.q.items():
+        assert got.q[node].shape == (24,)
+        np.testing.assert_allclose(got.q[node], q, atol=1e-6)
 
 
 def test_spec_validation_of_the_depth():

@@ -20,7 +20,7 @@ from ondevice.draft.hybrid import build_hybrid
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.decode.protocols import DraftSpec
 from ondevice.decode.tree import DraftTree
-from test_builders import MarkovLM, exact_top_nodes, token_paths
+from test_builders import MarkovLM, MaskedLM, NarrowLM, exact_top_nodes, token_paths
 from tiny_models import write_tiny_gguf
 
 
@@ -58,9 +58,9 @@ def random_free(rng, vocab: int, n: int, low: float = -3.0) -> dict[tuple[int, .
     return paths
 
 
-def run_hybrid(lm, root: int, free: dict, budget: int, max_depth=None, max_batch: int = 8) -> DraftTree:
+def run_hybrid(lm, root: int, free: dict, budget: int, max_depth=None, max_batch: int = 8, root_row=None) -> DraftTree:
     r = Round(DraftSpec("hybrid", budget, max_depth=max_depth), root, lm)
-    root_logp = r.distributions([0], lm.table[[root]])[0]
+    root_logp = r.distributions([0], lm.table[[root]] if root_row is None else root_row)[0]
     return build_hybrid(r, root_logp, free_tree(root, free), max_batch)
 
 
@@ -115,6 +115,21 @@ def test_free_ids_the_drafter_lacks_are_left_out():
     lm = RecordingLM(vocab=24)
     tree = run_hybrid(lm, 3, {(30,): CONFIDENT, (30, 4): CONFIDENT, (5,): -0.1, (5, 31): -0.1, (5, 31, 6): -0.1}, budget=12)
     assert all(max(p) < 24 for p in token_paths(tree)) and (5,) in token_paths(tree)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_trimmed_drafter_s_kept_columns_give_the_tree_of_its_full_width_logits(seed, monkeypatch):
+    """The drafter's children come from its K columns mapped to token ids; free proposals of any id
+    the vocabulary has stay (a trimmed drafter's vocabulary is the full one, its columns fewer)."""
+    monkeypatch.setattr(hybrid, "COVER_P", 2.0)
+    rng = np.random.default_rng(seed)
+    keep = np.sort(rng.choice(24, 10, replace=False))
+    free = random_free(rng, 24, 20, low=-1.5)
+    narrow, masked = NarrowLM(keep, seed=seed), MaskedLM(keep, seed=seed)
+    got = run_hybrid(narrow, 5, free, 16, root_row=narrow.table[[5]][:, keep])
+    want = run_hybrid(masked, 5, free, 16)
+    assert any(t not in keep for t in got.tokens[1:]) and set(tree_scores(got)) == set(tree_scores(want))
+    assert all(abs(tree_scores(got)[p] - s) < 1e-5 for p, s in tree_scores(want).items())
 
 
 @pytest.mark.parametrize("seed", range(30))

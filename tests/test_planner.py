@@ -212,6 +212,8 @@ def test_a_round_pays_for_decoding_the_accepted_leaf():
 class SameEverywhere:
     """A drafter whose every node's children are tokens 0, 1, … with probabilities p (token i: rank i)."""
 
+    columns = None
+
     def __init__(self, p: np.ndarray, vocab: int = 64):
         self.row = np.full(vocab, -30.0)
         self.row[: len(p)] = np.log(p)

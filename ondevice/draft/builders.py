@@ -37,8 +37,21 @@ MULTI_SEQ_MAX_SEQUENCES = 8  # DuoDecoding's cap on first-position candidates
 BATCH_SPREAD = 1.0
 
 
+class Columns(Protocol):
+    """What a drafter's logits columns stand for when they are not the whole vocabulary (a
+    VocabTrim head: column i is token keep_ids[i], every other token has probability 0)."""
+
+    keep_ids: np.ndarray  # ascending token ids, one per column
+    n_vocab_full: int  # the vocabulary they are ids of
+
+    def to_target_ids(self, draft_ids) -> np.ndarray: ...
+    def to_target_probs(self, probs: np.ndarray) -> np.ndarray: ...
+
+
 class Expander(Protocol):
-    def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray: ...  # (len(nodes), vocab) logits
+    columns: Columns | None  # None: column i of the logits is token i
+
+    def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray: ...  # (len(nodes), columns) logits
     def free_capacity(self) -> int: ...
     def release(self, tree: SearchTree, alive: set[int]) -> None: ...
 
@@ -55,7 +68,16 @@ class Round:
         # is exact only if each round's children are independent draws from q).
         self.rng = np.random.default_rng([spec.seed, position])
         self.sampled = spec.sample_children and spec.temperature > 0  # greedy drafting ignores sample_children
+        self.columns = expander.columns  # a search ranks the columns it is given, and keeps token ids
         self.expansions = 0  # nodes this round decoded
+
+    @property
+    def n_vocab(self) -> int | None:
+        """The vocabulary a narrow drafter's columns come from (None: as wide as its logits)."""
+        return None if self.columns is None else self.columns.n_vocab_full
+
+    def token_ids(self, columns: np.ndarray) -> np.ndarray:
+        return columns if self.columns is None else self.columns.to_target_ids(columns)
 
     def expand(self, nodes: Sequence[int]) -> np.ndarray:
         """Log-probs (len(nodes), vocab) of the children of these nodes; records q if sampling."""
@@ -63,20 +85,27 @@ class Round:
         return self.distributions(nodes, self.expander.expand(self.tree, nodes))
 
     def distributions(self, nodes: Sequence[int], logits: np.ndarray) -> np.ndarray:
+        """Log-probs over the logits' columns; q (if sampling) over the whole vocabulary."""
         logp = log_probs(logits, self.spec.temperature)
         for node, row in zip(nodes, logp):
             self.tree.expanded[node] = True
             if self.spec.temperature > 0:
-                self.tree.q[node] = np.exp(row)
+                q = np.exp(row)
+                self.tree.q[node] = q if self.columns is None else self.columns.to_target_probs(q)
         return logp
+
+    def top(self, logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k most likely children in one row of `expand`'s log-probs: (token ids, step log-probs)."""
+        columns, steps = top_children(logp, k)
+        return self.token_ids(columns), steps
 
     def add(self, parent: int, logp: np.ndarray, k: int, min_score: float = -np.inf) -> list[int]:
         """Add up to k children of `parent` (top-k, or drawn from q) that score above min_score."""
         if self.sampled:
-            tokens, steps = sampled_children(logp, k, self.rng)
-            return self.tree.add_children(parent, tokens, steps, True, min_score)
+            columns, steps = sampled_children(logp, k, self.rng)
+            return self.tree.add_children(parent, self.token_ids(columns), steps, True, min_score)
         # all top-k are kept as candidates: a later round re-rooted below this node may need them
-        self.tree.candidates[parent], self.tree.n_added[parent] = top_children(logp, k), 0
+        self.tree.candidates[parent], self.tree.n_added[parent] = self.top(logp, k), 0
         return self.tree.add_candidates(parent, min_score)
 
 

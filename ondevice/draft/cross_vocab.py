@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ondevice.draft.free_tree import merge_trees
+from ondevice.draft.model_drafter import BlockedTokens
 from ondevice.draft.text_bridge import TextBridge
 from ondevice.draft.text_match import TextMatch
 from ondevice.errors import OndeviceError
@@ -31,27 +32,6 @@ from ondevice.draft.vocab_map import VocabMap
 from ondevice.prompt.tokenizer import Tokenizer, vocab_mismatch
 from ondevice.decode.protocols import DraftSpec
 from ondevice.decode.tree import DraftTree
-
-
-class SharedTokens:
-    """A drafter's KV cache as an Expander whose logits are -inf at the drafter ids the target lacks."""
-
-    def __init__(self, cache, blocked: np.ndarray):
-        self.cache, self.blocked = cache, blocked
-
-    def mask(self, logits: np.ndarray) -> np.ndarray:
-        logits = np.array(logits, dtype=np.float32, copy=True)
-        logits[..., self.blocked] = -np.inf
-        return logits
-
-    def expand(self, tree, nodes: Sequence[int]) -> np.ndarray:
-        return self.mask(self.cache.expand(tree, nodes))
-
-    def free_capacity(self) -> int:
-        return self.cache.free_capacity()
-
-    def release(self, tree, alive: set[int]) -> None:
-        self.cache.release(tree, alive)
 
 
 MODES = ("tli", "slem")
@@ -71,7 +51,7 @@ class CrossVocabDrafter:
         self.n_vocab = vocab_map.n_target
         self.to_target = vocab_map.to_target
         self.carried_fraction = 0.0
-        self.shared = SharedTokens(model.cache, vocab_map.blocked)
+        self.shared = BlockedTokens(model.cache, vocab_map.blocked)
         self.text = TextMatch(bridge.target_tok, bridge.drafter_tok)
 
     @property

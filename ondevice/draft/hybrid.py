@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 from ondevice.draft.builders import BATCH_SPREAD, Round
-from ondevice.draft.search_tree import SearchTree, top_children
+from ondevice.draft.search_tree import SearchTree
 from ondevice.decode.tree import DraftTree
 
 COVER_P = 0.9  # a free child this likely covers its parent: the drafter does not expand the parent for its own sake
@@ -68,10 +68,9 @@ class HybridSearch:
         self.steps.append(step)
         return node
 
-    def merge(self, parent: int, logp: np.ndarray, k: int, min_score: float) -> None:
-        """The drafter's top-k children of an expanded node: new ones that score above min_score are
-        added; a child a free source proposed keeps the higher of the two steps."""
-        tokens, steps = top_children(logp, k)
+    def merge(self, parent: int, tokens: np.ndarray, steps: np.ndarray, min_score: float) -> None:
+        """The drafter's top children of an expanded node (best first, `Round.top`): new ones that
+        score above min_score are added; a child a free source proposed keeps the higher of the two steps."""
         for token, step in zip(tokens.tolist(), steps.tolist()):
             child = self.children[parent].get(token)
             if child is not None:
@@ -127,8 +126,8 @@ class HybridSearch:
 def build_hybrid(r: Round, root_logp: np.ndarray, free: DraftTree, max_batch: int, spread: float = BATCH_SPREAD) -> DraftTree:
     budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
     k = min(budget, len(root_logp))
-    search = HybridSearch(tree, free, len(root_logp))
-    search.merge(0, root_logp, k, -np.inf)
+    search = HybridSearch(tree, free, r.n_vocab or len(root_logp))
+    search.merge(0, *r.top(root_logp, k), -np.inf)
     while True:
         kept = tree.best(budget, max_depth)
         threshold = tree.scores[kept[-1]] if len(kept) == budget else -np.inf
@@ -144,4 +143,4 @@ def build_hybrid(r: Round, root_logp: np.ndarray, free: DraftTree, max_batch: in
         if not nodes:
             return tree.to_draft_tree(kept)
         for node, logp in zip(nodes, r.expand(nodes)):
-            search.merge(node, logp, k, threshold)
+            search.merge(node, *r.top(logp, k), threshold)

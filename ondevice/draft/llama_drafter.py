@@ -22,7 +22,7 @@ class LlamaDrafter(ModelDrafter):
     """Drafter protocol over llama.cpp; n_ctx is the longest context it must hold (tree cells come on top).
 
     vocab_trim: use the VocabTrim head built for this drafter (`ondevice quant vocab-trim`) if there is
-    one: target ids in, full-vocabulary distributions out, zero outside the kept tokens.
+    one: target ids in, logits of the kept tokens out (every other token has probability 0).
     target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
     ids the target lacks are never drafted, and a context holding an id the drafter lacks gets no draft.
     max_tree: the biggest tree it will be asked for (its KV cells, sequences and logits rows are
@@ -65,7 +65,7 @@ class LlamaDrafter(ModelDrafter):
         self.max_batch = max_batch
         self.max_tree = max_tree
         self.batch_spread = batch_spread
-        self.cache = DraftKV(self.ctx)
+        self.cache = DraftKV(self.ctx, columns=head)
         self.limit_vocab(target_vocab)
 
     def close(self) -> None:

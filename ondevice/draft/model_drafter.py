@@ -57,7 +57,7 @@ class ModelDrafter(Drafter):
     (and call `limit_vocab` when the target's vocabulary is shorter)."""
 
     cache = None
-    expander = None  # the cache, or VocabLimit over it
+    expander = None  # the cache, or BlockedTokens over it
     n_ctx: int
     n_vocab: int
     max_batch: int
@@ -69,8 +69,8 @@ class ModelDrafter(Drafter):
     def limit_vocab(self, target_vocab: int | None) -> None:
         """target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
         ids the target lacks are never drafted, and a context holding an id the drafter lacks gets no draft."""
-        limit = target_vocab if target_vocab is not None and target_vocab < self.n_vocab else None
-        self.expander = self.cache if limit is None else VocabLimit(self.cache, limit)
+        short = target_vocab is not None and target_vocab < self.n_vocab
+        self.expander = BlockedTokens(self.cache, np.arange(target_vocab, self.n_vocab)) if short else self.cache
 
     def draft(self, context: Sequence[int], spec: DraftSpec, free: DraftTree | None = None) -> DraftTree:
         """free: the free sources' proposals a hybrid tree starts from (draft/hybrid.py; None: none)."""
@@ -159,16 +159,22 @@ class ModelDrafter(Drafter):
             self.cache.release(search, {0})
 
 
-class VocabLimit:
-    """A drafter's KV cache as an Expander whose logits are -inf from id `limit` on: a drafter
-    with a longer (padded) vocabulary than the target's never proposes an id the target lacks."""
+class BlockedTokens:
+    """A drafter's KV cache as an Expander whose logits are -inf at the `blocked` token ids: a drafter
+    with a longer (padded) vocabulary than the target's never proposes an id the target lacks, one
+    of another vocabulary only the tokens the two share (draft/cross_vocab.py)."""
 
-    def __init__(self, cache, limit: int):
-        self.cache, self.limit = cache, limit
+    def __init__(self, cache, blocked: np.ndarray):
+        """blocked: the drafter's token ids never to draft (an index array)."""
+        self.cache = cache
+        self.columns = cache.columns
+        if self.columns is not None:  # the columns standing for blocked ids
+            blocked = np.flatnonzero(np.isin(self.columns.keep_ids, blocked))
+        self.blocked = np.asarray(blocked, dtype=np.int64)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         logits = np.array(logits, dtype=np.float32, copy=True)
-        logits[..., self.limit :] = -np.inf
+        logits[..., self.blocked] = -np.inf
         return logits
 
     def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray:

@@ -22,29 +22,25 @@ SYNC_CHUNK = 256  # context tokens per decoder call
 
 
 class OnnxDraftKV(CachedContext):
-    """builders.Expander over an OnnxDecoder. `to_full`: maps the head's (n, rows) logits to the
-    full vocabulary (a VocabTrim head), or None."""
+    """builders.Expander over an OnnxDecoder. columns: what the head's logits columns stand for (a
+    VocabTrim head), or None (the whole vocabulary)."""
 
-    def __init__(self, decoder: OnnxDecoder, to_full=None):
+    def __init__(self, decoder: OnnxDecoder, columns=None):
         super().__init__()  # tokens: the context held on slots 0..len − 1
         self.decoder = decoder
-        self.to_full = to_full
+        self.columns = columns
         self.slot_of: dict[int, int] = {}  # expanded node -> its slot
         self.used = 0  # slots in use (context + this round's expanded nodes)
 
     def free_capacity(self) -> int:
         return self.decoder.slots - self.used
 
-    def _logits(self, hidden: np.ndarray) -> np.ndarray:
-        logits = self.decoder.logits(hidden)
-        return logits if self.to_full is None else self.to_full(logits)
-
     # --- sync -----------------------------------------------------------------------------------
     carries = False  # a search is not carried over rounds (its slots would move): carry_k is ignored
     carried = None
 
     def sync(self, context: Sequence[int], carry_k: int = 0) -> np.ndarray:
-        """Hold `context` and return the logits (vocab,) after its last token."""
+        """Hold `context` and return the logits (columns,) after its last token."""
         context = [int(t) for t in context]
         self._keep_accepted_nodes(context)
         n_keep = kept_prefix(self.tokens, context)
@@ -57,7 +53,7 @@ class OnnxDraftKV(CachedContext):
             hidden = self.decoder.hidden(chunk, np.arange(start, start + len(chunk)), start, causal_mask(start, len(chunk)))
             self.tokens += chunk
         self.used = len(self.tokens)
-        return self._logits(hidden[-1:])[0]
+        return self.decoder.logits(hidden[-1:])[0]
 
     def _keep_accepted_nodes(self, context: list[int]) -> None:
         """Move the entries of the last tree's nodes that `context` continues with onto the context."""
@@ -71,7 +67,7 @@ class OnnxDraftKV(CachedContext):
 
     # --- expansion ----------------------------------------------------------------------------
     def expand(self, tree: SearchTree, nodes: Sequence[int]) -> np.ndarray:
-        """Decode these nodes in one call (each parent expanded already or earlier in `nodes`): (len(nodes), vocab) logits."""
+        """Decode these nodes in one call (each parent expanded already or earlier in `nodes`): (len(nodes), columns) logits."""
         self.tree = tree
         n, start = len(nodes), self.used
         if n > self.free_capacity():
@@ -89,7 +85,7 @@ class OnnxDraftKV(CachedContext):
         hidden = self.decoder.hidden([tree.tokens[node] for node in nodes], positions, start, mask)
         self.slot_of = slot_of
         self.used += n
-        return self._logits(hidden)
+        return self.decoder.logits(hidden)
 
     def release(self, tree: SearchTree, alive: set[int]) -> None:
         """Slots are freed a round at a time; only when nothing but the root is alive are they free now."""

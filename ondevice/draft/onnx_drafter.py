@@ -44,7 +44,7 @@ class OnnxDrafter(ModelDrafter):
         self.n_ctx = n_ctx
         self.n_vocab = export.args.vocab_size
         self.max_batch = max_batch
-        self.cache = OnnxDraftKV(self.decoder, head.to_target_logits if head else None)
+        self.cache = OnnxDraftKV(self.decoder, columns=head)
         self.limit_vocab(target_vocab)
 
     def close(self) -> None:

@@ -35,11 +35,15 @@ MAIN_SEQ = 0
 
 
 class DraftKV(CachedContext):
+    """builders.Expander over a llama.cpp context. columns: what its logits' columns stand for (a
+    VocabTrim head over a TrimmedContext), or None (the whole vocabulary)."""
+
     carries = True  # sync can carry the last search over to the next round
 
-    def __init__(self, ctx: LlamaContext):
+    def __init__(self, ctx: LlamaContext, columns=None):
         super().__init__()  # tokens: what sequence 0 holds
         self.ctx = ctx
+        self.columns = columns
         self.carried: SearchTree | None = None  # the last sync's re-rooted search, if it carried one
         self.path_end: dict[int, int] = {}  # path sequence id -> the node its path ends at
         self.node_seq: dict[int, int] = {}  # node with a KV cell -> one path sequence holding it
@@ -141,7 +145,7 @@ class DraftKV(CachedContext):
         """Decode these nodes of `tree` in one llama_decode: each parent expanded already, or earlier in
         `nodes` with no other child there (the child then extends the parent's path sequence).
 
-        Returns their (len(nodes), vocab) logits as a view, valid until the next decode.
+        Returns their (len(nodes), columns) logits as a view, valid until the next decode.
         """
         self.tree = tree
         if len(nodes) > len(self.free_seqs):

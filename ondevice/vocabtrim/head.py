@@ -9,9 +9,10 @@ propose target ids. So:
 - outputs are (n, K) logits: draft index i is target id `keep_ids[i]` (`to_target_ids`,
   `to_target_probs`).
 
-`TrimmedContext` wraps such a context so that it looks like the full drafter's: target ids in,
-full-width logits out (-inf outside keep_ids). That makes plugging VocabTrim into a drafter a
-matter of which model and context it builds.
+`TrimmedContext` wraps such a context so that it takes target ids like the full drafter's and
+returns the K columns; the drafter's search ranks those K columns alone (a log-softmax and top-k
+over K instead of the whole vocabulary) and maps what it keeps to target ids through the head
+(the `columns` of a draft Expander).
 
 Never tokenize with the trimmed file; the target's tokenizer gives the ids.
 """
@@ -69,21 +70,15 @@ class TrimmedHead:
         full[..., self.keep_ids] = probs
         return full
 
-    def to_target_logits(self, logits: np.ndarray) -> np.ndarray:
-        """(n, K) draft logits → (n, n_vocab_full), −inf outside keep_ids (probability 0 there)."""
-        full = np.full((len(logits), self.n_vocab_full), -np.inf, dtype=np.float32)
-        full[:, self.keep_ids] = logits
-        return full
 
 
 class TrimmedContext:
-    """A LlamaContext over the trimmed GGUF that looks like one over the full drafter.
+    """A LlamaContext over the trimmed GGUF that takes target token ids like one over the full drafter.
 
-    `decode` takes target token ids, feeds their embeddings, and returns full-width logits
-    (n_outputs, n_vocab_full): the K kept columns, -inf elsewhere, so draft trees, samplers and
-    q distributions need no change (a token outside keep_ids gets probability 0). Everything else
-    (seq_rm, seq_cp, n_batch, ...) is the wrapped context's. The ctx must be made with
-    embeddings_input=True over head.gguf_path.
+    `decode` takes target token ids, feeds their embeddings, and returns the (n_outputs, K) logits
+    of the kept tokens (column i is target id head.keep_ids[i]; every other token has probability
+    0). Everything else (seq_rm, seq_cp, n_batch, ...) is the wrapped context's. The ctx must be
+    made with embeddings_input=True over head.gguf_path.
     """
 
     def __init__(self, ctx: LlamaContext, head: TrimmedHead):
@@ -91,17 +86,11 @@ class TrimmedContext:
             raise ValueError(f"the context has {ctx.n_vocab} tokens, the trimmed head {head.n_vocab}")
         self.ctx = ctx
         self.head = head
-        self.n_vocab = head.n_vocab_full
-        self._full = np.full((0, head.n_vocab_full), -np.inf, dtype=np.float32)  # grows; -inf stays outside keep_ids
+        self.n_vocab = head.n_vocab_full  # the ids it takes
 
     def decode(self, tokens, positions, seq_ids, outputs) -> np.ndarray:
-        """As LlamaContext.decode; the result is a view valid until the next decode."""
-        trimmed = self.ctx.decode(None, positions, seq_ids, outputs, embeddings=self.head.embed(tokens))
-        n = len(trimmed)
-        if n > len(self._full):
-            self._full = np.full((n, self.n_vocab), -np.inf, dtype=np.float32)
-        self._full[:n, self.head.keep_ids] = trimmed
-        return self._full[:n]
+        """As LlamaContext.decode, with (n_outputs, K) logits: a view valid until the next decode."""
+        return self.ctx.decode(None, positions, seq_ids, outputs, embeddings=self.head.embed(tokens))
 
     def __getattr__(self, name):
         if name == "ctx":  # not set yet: no recursion
