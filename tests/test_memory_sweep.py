@@ -5,6 +5,7 @@ commands each series runs."""
 from __future__ import annotations
 
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -74,3 +75,26 @@ def test_a_plan_keeping_every_layer_counts_as_the_target_in_ram():
     bench = {"results": [{"config": "target only", "tokens_per_second": 13.0, "tokens_per_pass": 1.0, "bytes_read_per_pass": 0.0}],
              "placement": {"placement": "disk", "predicted_bytes_read_per_pass": 0, "summary": "28 of 28 layers kept"}}  # fmt: skip
     assert memory_sweep.row_of("target", bench)["target_in_ram"] is True
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] in ("Z", "X")  # killed, not reaped yet
+    except FileNotFoundError:
+        return True
+
+
+def test_a_point_past_its_time_cap_is_stopped_with_everything_it_started(tmp_path):
+    """A starved limit must not hold the sweep: the point's command and its children are killed."""
+    pid_file = tmp_path / "child.pid"
+    script = f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    start = time.monotonic()
+    assert memory_sweep.run_capped([sys.executable, "-c", script], timeout=2.0) == (None, "")
+    assert time.monotonic() - start < 20
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child)
+    assert memory_sweep.run_capped([sys.executable, "-c", "import sys; sys.stderr.write('x')"], timeout=30) == (0, "x")

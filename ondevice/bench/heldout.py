@@ -380,6 +380,20 @@ HELDOUT31_CHAT = [
     "What should I bring to a friend's housewarming party?",
 ]
 
+HELDOUT32_CODE = [  # written before any run of the search over a trimmed drafter's kept columns
+    "Write a Rust function that reverses the words of a sentence.",
+    "Write a PHP function that returns the second largest number in an array.",
+    "Write a Python function that flattens a nested list of any depth.",
+    "Write a Scala function that checks whether a string is a palindrome, ignoring case.",
+]
+
+HELDOUT32_CHAT = [
+    "How do I keep basil growing on a windowsill?",
+    "What is a gentle way to say no to extra work from my manager?",
+    "How can I make my morning commute by bike less sweaty?",
+    "What should I look for when buying a used piano?",
+]
+
 def _numbered() -> dict[str, list[str]]:
     """The numbered sets of this module by their --prompts names, in the order they were written."""
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in list(globals()))

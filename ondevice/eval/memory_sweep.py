@@ -18,7 +18,7 @@ The physical bound of a streamed answer is tokens per pass × disk bandwidth ÷ 
 (the disk moving the target's bytes without a pause): drawn for the default's measured tokens and
 bytes per pass, with the bandwidth of a sequential read of the target file measured first. Writes
 `sweep.json` (every row, the commands, the bandwidth) and `sweep.svg` (eval/sweep_plot.py) to --out;
-a run that fails or is OOM-killed is recorded as such and left out of the plot.
+a run that fails, is OOM-killed or runs past --point-timeout is recorded as such and left out of the plot.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,14 +58,29 @@ def run_point(series: str, limit_gb: float | None, args, folder: Path) -> dict:
     if limit_gb is not None:
         command = [sys.executable, "-m", "ondevice.eval.lowmem", "--cgroup", f"{limit_gb}GB", "--report", str(report), "--", *command]
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True)
+    returncode, stderr = run_capped(command, args.point_timeout)
     point = {"series": series, "limit_gb": limit_gb, "command": " ".join(command[1:]), "seconds": time.monotonic() - start,
-             "returncode": done.returncode}  # fmt: skip
-    if done.returncode != 0 or not out.exists():
-        return {**point, "error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+             "returncode": returncode}  # fmt: skip
+    if returncode is None:
+        return {**point, "error": f"stopped after {args.point_timeout:.0f} s (--point-timeout)"}
+    if returncode != 0 or not out.exists():
+        return {**point, "error": (stderr.strip().splitlines() or ["no output"])[-1]}
     if report.exists():
         point["cgroup"] = {k: v for k, v in json.loads(report.read_text()).items() if k in ("peak_usage_bytes", "oom_kills", "major_faults")}
     return {**point, **row_of(series, json.loads(out.read_text()))}
+
+
+def run_capped(command: list[str], timeout: float | None) -> tuple[int | None, str]:
+    """Run a point's command in a process group of its own; after `timeout` seconds the whole group
+    (the cgroup runner and what it started) is killed and the return code is None."""
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            _, stderr = proc.communicate(timeout=timeout)
+            return proc.returncode, stderr
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return None, ""
 
 
 def row_of(series: str, record: dict) -> dict:
@@ -89,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--series", default=",".join(SERIES))
     parser.add_argument("--no-ram", action="store_true", help="leave out the point with no limit")
+    parser.add_argument("--point-timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop a point that runs longer (a starved limit) and record it as stopped")
     parser.add_argument("--out", type=Path, default=Path("memory-sweep"))
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
