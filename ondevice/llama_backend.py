@@ -119,6 +119,7 @@ class LlamaModel:
 
     def __init__(self, path: str | Path, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True, configure=None):
         self.path = Path(path)
+        self.source = self.path  # the model file it was made from (a repacked copy's: the original's)
         self.resident, self.repack = resident, repack
         self.handle = load_model(path, n_gpu_layers=n_gpu_layers, resident=resident, repack=repack, configure=configure)
         self.tile_kernels = repack and cpu_has_amx() and repack_runs(path)  # llama.cpp's AMX kernels compute with it

@@ -1,4 +1,4 @@
-"""Where a streamed pass's compute goes: the same trees through the llama.cpp target loaded four ways.
+"""Where a streamed pass's compute goes: the same trees through the llama.cpp target loaded six ways.
 
     python scripts/stream_compute.py [--target PATH] [--nodes 1,5,9,17] [--repeats 5]
 
@@ -8,7 +8,10 @@
 3. `window-kept`: the direct-read window with every layer kept (read once, then the passes only
    pay for the eval callback and the window's bookkeeping);
 4. `window-streamed`: the direct-read window keeping only the LM head: every decoder layer is read
-   with O_DIRECT on every pass (run it where RAM is plentiful: the page cache is not involved).
+   with O_DIRECT on every pass (run it where RAM is plentiful: the page cache is not involved);
+5. `repacked-kept`, `repacked-streamed`: 3 and 4 over the target's copy in llama.cpp's repacked
+   layouts (targets/repacked_copy.py; written beside the target first if missing), as a streaming
+   target is loaded by default.
 
 Each pass is a chain of n nodes over a 128-token context, timed in rounds across the four loads
 (interleaved, so a busy minute hits them alike); for the streamed load the pass's wait for the disk
@@ -25,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
+from ondevice.catalog.stores.derived import repacked_paths
 from ondevice.targets.llama_target import LlamaTarget
+from ondevice.targets.repacked_copy import ensure_copy
 from ondevice.decode.tree import DraftTree
 
 DEFAULT_TARGET = Path.home() / ".cache/ondevice/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -37,7 +42,9 @@ def load(kind: str, path: Path, n_layers: int, threads: int) -> LlamaTarget:
         return LlamaTarget(path, **common)
     if kind == "mapped":
         return LlamaTarget(path, streams=True, window=0, **common)
-    kept = [*range(n_layers), OUTPUT_LAYER] if kind == "window-kept" else [OUTPUT_LAYER]
+    if kind.startswith("repacked"):
+        common["repacked"] = ensure_copy(path, *repacked_paths(path))
+    kept = [*range(n_layers), OUTPUT_LAYER] if kind.endswith("-kept") else [OUTPUT_LAYER]
     return LlamaTarget(path, streams=True, window=2, kept_layers=kept, **common)
 
 

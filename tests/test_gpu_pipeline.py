@@ -39,7 +39,7 @@ def test_pipeline_runs_every_config_exactly(tmp_path):
     for r in runs:
         assert r["token_ids"] == alone, r["config"]
         assert r["rounds"] >= 1 and r["round_seconds"] > 0
-        assert r["pass_seconds_median"] <= r["round_seconds"] * 1.01
+        assert r["pass_seconds_mean"] <= r["round_seconds"] * 1.01  # each pass within its round (a median may not be)
     assert record["answers_equal_target_alone"] == len(runs) - 1
     for part in record["parts"]:
         assert part["nodes"] > 1

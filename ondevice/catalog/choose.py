@@ -25,6 +25,7 @@ from ondevice import paths
 from ondevice.catalog import hub
 from ondevice.catalog.hub import PairFiles
 from ondevice.catalog.pairs import ModelFile, list_pairs, load_pair
+from ondevice.catalog.stores.derived import is_derived
 from ondevice.catalog.stores.model import possessive
 from ondevice.catalog.stores.resolve import LocalModel, catalog_file, drafter_candidates, local_model, use
 from ondevice.errors import OndeviceError
@@ -148,9 +149,10 @@ def downloaded_drafters(target: Path) -> list[Path]:
 
 
 def _is_model_file(path: Path) -> bool:
-    """A whole model (or the first part of one, every part there): not a VocabTrim head, not a later
-    part of a split set, not a stray first part whose other parts are missing."""
-    if path.name.endswith(".vocab-trim.gguf") or path.name.startswith("."):
+    """A whole model (or the first part of one, every part there): not a file made from a model (a
+    VocabTrim head, a repacked copy), not a later part of a split set, not a stray first part whose
+    other parts are missing."""
+    if is_derived(path.name) or path.name.startswith("."):
         return False
     split = SPLIT_NAME.match(path.name)
     return (split is None or int(split["no"]) == 1) and set_problem(path) is None

@@ -19,6 +19,7 @@ from rich.text import Text
 from ondevice import paths
 from ondevice.catalog import hub, refs
 from ondevice.catalog.pairs import ModelFile, ModelPair, list_pairs, load_pair
+from ondevice.catalog.stores.derived import is_derived
 from ondevice.cli import options as opt
 from ondevice.cli.literal import literal, say
 from ondevice.cli.placement_view import gpu_place, target_place
@@ -125,7 +126,7 @@ def other_models() -> list[Path]:
     found = []
     for path in sorted(paths.models_dir().rglob("*.gguf")) if paths.models_dir().exists() else []:
         split = SPLIT_NAME.match(path.name)
-        if path.resolve() in known or path.name.startswith(".") or path.name.endswith(".vocab-trim.gguf") or (split and int(split["no"]) != 1):
+        if path.resolve() in known or path.name.startswith(".") or is_derived(path.name) or (split and int(split["no"]) != 1):
             continue
         found.append(path)
     return found

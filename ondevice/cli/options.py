@@ -68,6 +68,11 @@ KeepDrafter = Annotated[
     Optional[bool],
     typer.Option("--keep-drafter/--drop-drafter", help="A target streaming from disk: load the drafter model anyway, or leave it out and give its RAM to the target's layers (free drafts stay on). Default: whichever measured faster here."),
 ]
+RepackedStream = Annotated[
+    bool,
+    typer.Option("--stream-repacked/--stream-file", help="A target streaming from disk: stream a copy of it in llama.cpp's repacked "
+                 "layouts (written once beside the model, as large as it), so its layers compute as in RAM; --stream-file streams the file as it is."),
+]
 
 Rpc = Annotated[
     Optional[str],
@@ -78,7 +83,7 @@ Rpc = Annotated[
 LOAD_FLAGS = {  # LoadOptions field -> its flag (`device` has none: the torch target's device, for the Python API)
     "model": Model, "target": TargetModel, "drafter": DrafterModel, "target_backend": TargetBackend, "drafter_backend": DrafterBackend,
     "draft": Draft, "vocab_trim": VocabTrim, "threads": Threads, "ctx": Ctx, "gpu_memory": GpuMemory, "ram_memory": RamMemory,
-    "overlap": Overlap, "keep_drafter": KeepDrafter, "rpc": Rpc,
+    "overlap": Overlap, "keep_drafter": KeepDrafter, "rpc": Rpc, "repacked_stream": RepackedStream,
 }
 DECODING_FLAGS = {  # Decoding field -> its flag
     "max_tokens": MaxTokens, "temperature": Temperature, "top_p": TopP, "top_k": TopK, "seed": Seed, "tree": Tree, "budget": Budget,

@@ -98,6 +98,7 @@ def engine_run(target, drafter, prompt: list[int], config, overlap: bool, max_to
         "config": config_label(spec), "overlap": overlap, "tokens": stats.tokens, "rounds": rounds,
         "tokens_per_second": stats.tokens_per_second, "tokens_per_pass": stats.tokens_per_pass,
         "round_seconds": stats.decode_seconds / rounds, "pass_seconds_median": statistics.median(passes),
+        "pass_seconds_mean": statistics.fmean(passes),
         "split_per_round": {k: (v / rounds if v is not None else None) for k, v in stats.round_split().items()},
         "concurrent_per_round": stats.concurrent_seconds / rounds, "overlap_hits": stats.overlap_hits,
         "prefill_seconds": stats.prefill_seconds, "token_ids": [t for step in steps for t in step.tokens],

@@ -6,7 +6,7 @@
 (`differing`: prompt index, answer, the target alone's). A batched pass may flip an argmax whose
 top-2 margin is within this machine's batch noise, and the answer then goes on from the other
 token: exact under the near-tie rule, not a bug. This loads the report's target as the run ran it
-(weights mapped and not repacked where it streamed, the same KV type), measures the batch noise on
+(weights mapped and not repacked where it streamed the file as it is, the same KV type), measures the batch noise on
 the prompts concerned (passes of 2 to `--sizes` tokens against one token at a time), and checks each
 answer token by token, teacher-forced, one token per pass (`eval.numerics.greedy_misses`): every
 token must be the target's argmax or a near tie. A miss is a token no numerics explain. The target
@@ -28,9 +28,10 @@ from ondevice.targets.llama_target import LlamaTarget
 
 
 def open_target(path: Path, placement: dict | None, n_ctx: int, sizes: list[int], threads: int) -> LlamaTarget:
-    """The target as the report's run computed it: mapped, not repacked, where it streamed."""
+    """The target as the report's run computed it: mapped, not repacked, where it streamed the file;
+    repacked by llama.cpp in RAM where it streamed its repacked copy (the same kernels on the same bytes)."""
     placement = placement or {}
-    streams = placement.get("placement", "ram") != "ram"
+    streams = placement.get("placement", "ram") != "ram" and placement.get("layout") != "repacked"
     return LlamaTarget(path, n_ctx=n_ctx, threads=threads, max_tree_nodes=max(sizes), kv_type=placement.get("kv_type", "f32"), streams=streams)
 
 

@@ -42,6 +42,8 @@ class LoadOptions:
     free_tree_nodes: int | None = None  # the largest tree of the free drafters asked for (a --tree lookup/suffix/
     # recycle --budget): a load without the drafter model sizes a streaming target's buffers for it; None: FREE_TREE_NODES
     rpc: str | None = None  # "host:port,…": the target's layers split across this machine and these workers (ondevice/rpc)
+    repacked_stream: bool = True  # a streaming llama.cpp target: stream its copy in llama.cpp's repacked layouts
+    # (targets/repacked_copy.py, written once beside the model) where this CPU has them
 
     def checked(self) -> "LoadOptions":
         """These options, or an OndeviceError naming the bad one: checked before anything is downloaded.

@@ -5,6 +5,7 @@ draft/loader.py). `load_model_file` opens one GGUF alone, as a pair's would be.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +23,9 @@ from ondevice.sizes import parse_size
 from ondevice.targets.loader import load_target
 from ondevice.targets.page_cache import WINDOW_AHEAD
 from ondevice.vocabtrim.build import find_trimmed
+from ondevice.catalog.stores.derived import repacked_paths
+from ondevice.machine.llama_repack import repack_runs
+from ondevice.targets.repacked_copy import ensure_copy
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,8 @@ def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOp
         sized = {**(sized or {}), "split": split}
     if memory is not None and memory.streams:
         unmap_large_frees()  # the heap shares the limit with the kept layers: what it frees goes back
+    if backend == "llama" and sized and sized.get("streams") and split is None and opts.repacked_stream and repack_runs(path):
+        sized = {**sized, "repacked": ensure_copy(path, *repacked_paths(path), say=_say)}
     return load_target(backend, path, n_ctx, threads, sized, opts.device, opts.gpu_memory, opts.ram_memory, largest_tree(on_gpu=False))
 
 
@@ -157,3 +163,7 @@ def load_model_file(path, role: str, opts: LoadOptions, memory: MemoryPlan | Non
         return backend_label(backend, threads), load_drafter(backend, path, opts.context, threads, vocab_trim=False)
     backend = pick_backend(opts.target_backend)
     return backend_label(backend, threads), open_target(backend, path, opts.context, threads, opts, memory)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -39,6 +39,14 @@ from ondevice.machine.ram import anon_rss, ram_budget
 from ondevice.paths import read_state, state_file, write_json
 
 LIB_DIR = Path(llama_cpp.__file__).parent / "lib"  # llama-cpp-python's shared libraries (libggml-*.so, libllama.so)
+
+
+def ggml_library(name: str) -> Path:
+    """The path of one of ggml's libraries beside libllama by its soname (name.0) where it ships so:
+    opened by another name, the dynamic loader gives a second copy, whose state (its buffer types)
+    llama.cpp does not share."""
+    versioned = LIB_DIR / f"{name}.0"
+    return versioned if versioned.exists() else LIB_DIR / name
 SAVED = "llama-repack.json"  # in the home's machine/ folder
 PROBE_SECONDS = 300  # a child that takes longer (a very large model on a slow disk) tells nothing
 PROBE_MARGIN = 512 << 20  # the child's interpreter, llama.cpp and its buffers, and room to spare

@@ -41,8 +41,8 @@ class Tokenizer:
         this tokenizer's own vocab-only copy: one copy in RAM instead of two, as the memory plan counts
         (docs/measurements/2026-12-06-one-vocabulary.md). The model stays loaded until this tokenizer
         is closed too."""
-        if model.path.resolve() != self.path.resolve():
-            raise ValueError(f"{model.path.name} is not {self.path.name}: a tokenizer reads its own file's vocabulary")
+        if model.source.resolve() != self.path.resolve():
+            raise ValueError(f"{model.source.name} is not {self.path.name}: a tokenizer reads its own file's vocabulary")
         if self._lender is model:
             return
         vocab = model.lend_vocab(self)

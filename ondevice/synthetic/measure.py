@@ -18,6 +18,7 @@ from typing import Iterator, Sequence
 
 import psutil
 
+from ondevice.catalog.stores.derived import repacked_paths
 from ondevice.loading import plan as load_plan
 from ondevice.errors import OndeviceError
 from ondevice.offload.placement import RAM_MARGIN
@@ -64,7 +65,7 @@ def cgroup_limit() -> int | None:
 @contextmanager
 def synthetic_file(model: SyntheticModel, seed: int, keep: bool, show: bool) -> Iterator[Path]:
     """The model's GGUF under <home>/synthetic/models: a kept one is reused, else written (and
-    removed on exit unless `keep`)."""
+    removed on exit unless `keep`, with the repacked copy a streaming load made of it)."""
     path = models_dir() / f"{model.shape.name}-seed{seed}.gguf"
     existed = path.exists()
     if not existed:
@@ -73,7 +74,8 @@ def synthetic_file(model: SyntheticModel, seed: int, keep: bool, show: bool) -> 
         yield path
     finally:
         if not keep and not existed:
-            path.unlink(missing_ok=True)
+            for made in (path, *repacked_paths(path)):
+                made.unlink(missing_ok=True)
 
 
 def default_sizes(role: str, backend: str, memory: MemoryPlan | None = None) -> tuple[tuple[int, ...], str]:

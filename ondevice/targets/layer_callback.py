@@ -15,13 +15,13 @@ import functools
 import llama_cpp
 
 from ondevice.files.gguf_header import OUTPUT_LAYER
-from ondevice.machine.llama_repack import LIB_DIR
+from ondevice.machine.llama_repack import ggml_library
 
 
 @functools.cache
 def _ggml_get_name():
     """ggml's tensor-name getter (libggml-base, shipped beside llama-cpp-python's libllama)."""
-    lib = ctypes.CDLL(str(LIB_DIR / "libggml-base.so"))
+    lib = ctypes.CDLL(str(ggml_library("libggml-base.so")))
     lib.ggml_get_name.restype = ctypes.c_char_p
     lib.ggml_get_name.argtypes = [ctypes.c_void_p]
     return lib.ggml_get_name

@@ -23,6 +23,7 @@ from ondevice.targets.layer_callback import layer_callback
 from ondevice.machine.disk_io import read_counters, stat_file
 from ondevice.decode.protocols import StreamCounters, Target
 from ondevice.targets.direct_window import open_window
+from ondevice.targets.repacked_copy import RepackedCopy, mark_weights
 from ondevice.decode.tree import DraftTree
 
 MAIN_SEQ = 0
@@ -55,6 +56,7 @@ class LlamaTarget(Target):
         window: int = 0,
         kept_layers: Sequence[int] = (),
         split=None,
+        repacked: RepackedCopy | None = None,
     ):
         """max_tree_nodes: the biggest tree verified in one pass; the context's logits rows and
         sequences are sized for it (`ondevice.loading.memory`), prompts are still prefilled n_ubatch
@@ -62,9 +64,16 @@ class LlamaTarget(Target):
         the mapped file (no repacking into anonymous memory) so the page cache can stream it.
         window > 0 (with streams): steer the page cache layer by layer, prefetching `window` layers
         ahead and dropping the finished ones except `kept_layers` (direct_window.py, or page_cache.py).
-        split: the layers placed across this machine and RPC workers (loading/rpc_split.py's RpcSplit)."""
+        split: the layers placed across this machine and RPC workers (loading/rpc_split.py's RpcSplit).
+        repacked: (with streams) the model's copy in llama.cpp's repacked layouts
+        (targets/repacked_copy.py), mapped instead of model_path: its layers compute with the
+        kernels llama.cpp uses in RAM."""
         self.split = split
+        repacked = repacked if streams else None
+        source, model_path = Path(model_path), repacked.path if repacked is not None else model_path
         self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams, configure=split.configure if split else None)
+        self.model.source = source
+        self.marks = mark_weights(self.model, repacked.names, threads) if repacked is not None else None
         self.window = open_window(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
         self.disk_stat = stat_file(model_path) if streams else None
         self.page_wait_seconds = 0.0  # the passes' waits for pages (measured with a window)
@@ -188,3 +197,6 @@ class LlamaTarget(Target):
             self.window = None
         self.ctx.close()
         self.model.close()
+        if self.marks is not None:
+            self.marks.close()  # after the model: its weights point at the marks' buffer
+            self.marks = None

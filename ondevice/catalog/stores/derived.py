@@ -1,4 +1,5 @@
-"""Where a file made from a model goes (a trimmed-vocabulary drafter and its record, an ONNX export):
+"""Where a file made from a model goes (a trimmed-vocabulary drafter and its record, an ONNX export,
+a streaming target's repacked copy):
 beside the model, unless the model lies in another program's store, which is never written; then
 under `<home>/stores/derived/<key>/`, the key a hash of the model's path.
 
@@ -16,12 +17,25 @@ from ondevice.catalog import stores
 
 TRIMMED_SUFFIX = ".vocab-trim.gguf"
 RECORD_SUFFIX = ".vocab-trim.json"
+REPACKED_SUFFIX = ".repacked.gguf"  # a streaming target's copy in llama.cpp's repacked layouts
+REPACKED_RECORD_SUFFIX = ".repacked.json"
+
+
+def is_derived(name: str) -> bool:
+    """Whether a file name is one of the files made from a model here (not a model of its own)."""
+    return name.endswith((TRIMMED_SUFFIX, REPACKED_SUFFIX))
 
 
 def trimmed_paths(drafter: Path) -> tuple[Path, Path]:
     """A drafter's trimmed GGUF (vocabtrim/build.py writes it) and its record: where they go."""
     stem = drafter.name.removesuffix(".gguf")
     return derived_path(drafter, stem + TRIMMED_SUFFIX), derived_path(drafter, stem + RECORD_SUFFIX)
+
+
+def repacked_paths(target: Path) -> tuple[Path, Path]:
+    """A target's copy in llama.cpp's repacked layouts (targets/repacked_copy.py) and its record."""
+    stem = target.name.removesuffix(".gguf")
+    return derived_path(target, stem + REPACKED_SUFFIX), derived_path(target, stem + REPACKED_RECORD_SUFFIX)
 
 
 def derived_path(model: str | Path, name: str) -> Path:

@@ -1,0 +1,304 @@
+"""A streaming target's weights in llama.cpp's repacked layouts, read from a copy of its file.
+
+In RAM llama.cpp copies the weights of its matrix products into interleaved layouts its CPU kernels
+compute faster with (the CPU_REPACK buffer type: on x86 with AVX2 or AVX-512, Q4_0, Q4_K and IQ4_NL
+in blocks of 8 rows). A target that streams keeps its file mapped, so its layers were computed in
+the file's layout. This module gives them the repacked one:
+
+- `write_repacked_copy`: a copy of the GGUF file, byte for byte the same except each block weight
+  llama.cpp would repack here, which holds its repacked bytes (the same size; llama.cpp's own
+  repacking, done tensor by tensor in a small CPU_REPACK buffer: no model-sized memory). The copy
+  is made once per model, llama.cpp build and CPU (its record says for which);
+- `mark_weights`: once the target is loaded from the copy (mapped, not repacked again), each of
+  those weights is marked as llama.cpp marks the weights it repacks itself — its buffer a
+  CPU_REPACK buffer, its `extra` the kernels for its layout — in one pass of a small context of its
+  own, whose eval callback is asked about every node before it computes. Its data stays where the
+  mapping (and a streaming window) puts it.
+
+The marks use four fields of ggml's tensor struct (buffer, src[0], name, extra) at offsets checked
+against ggml's own functions when the library is first used (`_layout`); a build whose struct
+differs gets no repacked copy (the streamed layers keep the file's layout, as before).
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+import llama_cpp
+
+from ondevice.errors import OndeviceError
+from ondevice.files.gguf_header import read_header
+from ondevice.llama_backend import LlamaContext, LlamaModel
+from ondevice.machine.llama_repack import ggml_library
+
+P = C.c_void_p
+BLOCK_WEIGHT = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
+OFF_BUFFER, OFF_SRC0, OFF_DATA, OFF_NAME, OFF_EXTRA = 8, 152, 248, 256, 320  # ggml_tensor, checked in _layout
+GGML_TYPE_F32 = 0
+DISK_MARGIN = 2 << 30  # free space left after a copy is written
+
+
+class _InitParams(C.Structure):
+    _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", P), ("no_alloc", C.c_bool)]
+
+
+@functools.cache
+def _ggml():
+    """libggml-base and libggml-cpu with the signatures used here: the instances libllama loaded (a
+    second copy would have buffer types of its own, which llama.cpp's scheduler does not know)."""
+    base = C.CDLL(str(ggml_library("libggml-base.so")))
+    cpu = C.CDLL(str(ggml_library("libggml-cpu.so")))
+    sig = {
+        "ggml_init": (P, [_InitParams]), "ggml_free": (None, [P]), "ggml_new_tensor": (P, [P, C.c_int, C.c_int, C.POINTER(C.c_int64)]),
+        "ggml_new_tensor_2d": (P, [P, C.c_int, C.c_int64, C.c_int64]), "ggml_mul_mat": (P, [P, P, P]),
+        "ggml_set_name": (P, [P, C.c_char_p]), "ggml_get_name": (P, [P]), "ggml_nbytes": (C.c_size_t, [P]),
+        "ggml_backend_reg_get_proc_address": (P, [P, C.c_char_p]), "ggml_backend_reg_dev_get": (P, [P, C.c_size_t]),
+        "ggml_backend_buft_name": (C.c_char_p, [P]), "ggml_backend_buft_alloc_buffer": (P, [P, C.c_size_t]),
+        "ggml_backend_buffer_get_base": (P, [P]), "ggml_backend_buffer_free": (None, [P]),
+        "ggml_backend_tensor_alloc": (C.c_int, [P, P, P]), "ggml_backend_tensor_set": (None, [P, P, C.c_size_t, C.c_size_t]),
+        "ggml_backend_buffer_init_tensor": (C.c_int, [P, P]), "ggml_backend_buffer_set_usage": (None, [P, C.c_int]),
+    }  # fmt: skip
+    for name, (restype, argtypes) in sig.items():
+        fn = getattr(base, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    cpu.ggml_backend_cpu_reg.restype = P
+    return base, cpu
+
+
+def _ptr(address: int) -> int | None:
+    return P.from_address(address).value
+
+
+@functools.cache
+def repack_buffer_type() -> int | None:
+    """llama.cpp's CPU_REPACK buffer type on this machine, or None (no such kernels, or a ggml whose
+    tensor struct is not the one this module writes)."""
+    base, cpu = _ggml()
+    reg = cpu.ggml_backend_cpu_reg()
+    proc = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    if not proc:
+        return None
+    extra = C.CFUNCTYPE(C.POINTER(P), P)(proc)(base.ggml_backend_reg_dev_get(reg, 0))
+    found, i = None, 0
+    while extra[i]:
+        if base.ggml_backend_buft_name(extra[i]) == b"CPU_REPACK":
+            found = extra[i]
+        i += 1
+    return found if found and _layout(found) else None
+
+
+def _layout(buft: int) -> bool:
+    """Whether ggml's tensor struct has its fields where this module reads and writes them: a tensor
+    named, used in a product and allocated in a CPU_REPACK buffer, read back field by field."""
+    base, _ = _ggml()
+    ctx = base.ggml_init(_InitParams(1 << 20, None, True))
+    try:
+        weight = base.ggml_new_tensor_2d(ctx, 12, 256, 8)  # Q4_K, 8 rows
+        product = base.ggml_mul_mat(ctx, weight, base.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1))
+        base.ggml_set_name(weight, b"probe")
+        buffer = base.ggml_backend_buft_alloc_buffer(buft, base.ggml_nbytes(weight))
+        try:
+            base.ggml_backend_tensor_alloc(buffer, weight, base.ggml_backend_buffer_get_base(buffer))
+            return (
+                base.ggml_get_name(weight) == weight + OFF_NAME and _ptr(product + OFF_SRC0) == weight
+                and _ptr(weight + OFF_BUFFER) == buffer and _ptr(weight + OFF_DATA) == base.ggml_backend_buffer_get_base(buffer)
+                and bool(_ptr(weight + OFF_EXTRA))
+            )  # fmt: skip
+        finally:
+            base.ggml_backend_buffer_free(buffer)
+    finally:
+        base.ggml_free(ctx)
+
+
+def repacked_names(path: str | Path) -> list[str]:
+    """The block weights of a GGUF file llama.cpp would repack on this machine (empty: none, or no
+    CPU_REPACK here)."""
+    buft = repack_buffer_type()
+    if buft is None:
+        return []
+    base, _ = _ggml()
+    found = []
+    ctx = base.ggml_init(_InitParams(1 << 20, None, True))
+    buffer = base.ggml_backend_buft_alloc_buffer(buft, 64)  # init_tensor only decides the layout
+    try:
+        for name, t in read_header(path).tensors.items():
+            if BLOCK_WEIGHT.fullmatch(name) and len(t.shape) == 2:
+                tensor = base.ggml_new_tensor_2d(ctx, t.qtype, *t.shape)
+                base.ggml_backend_buffer_init_tensor(buffer, tensor)
+                if _ptr(tensor + OFF_EXTRA):
+                    found.append(name)
+    finally:
+        base.ggml_backend_buffer_free(buffer)
+        base.ggml_free(ctx)
+    return found
+
+
+class Repacker:
+    """llama.cpp's repacking of one weight at a time, in a CPU_REPACK buffer sized for the largest."""
+
+    def __init__(self, largest: int):
+        self.base, _ = _ggml()
+        self.ctx = self.base.ggml_init(_InitParams(1 << 20, None, True))
+        self.buffer = self.base.ggml_backend_buft_alloc_buffer(repack_buffer_type(), largest)
+
+    def __call__(self, qtype: int, shape: tuple[int, int], raw: bytes) -> bytes:
+        """The repacked bytes of a (shape) weight of type qtype stored as `raw` in the file."""
+        base = self.base
+        base.ggml_free(self.ctx)  # one tensor at a time: a fresh context for its header
+        self.ctx = base.ggml_init(_InitParams(1 << 20, None, True))
+        tensor = base.ggml_new_tensor_2d(self.ctx, qtype, *shape)
+        base.ggml_backend_tensor_alloc(self.buffer, tensor, base.ggml_backend_buffer_get_base(self.buffer))
+        base.ggml_backend_tensor_set(tensor, raw, 0, len(raw))  # llama.cpp repacks as it sets
+        return C.string_at(_ptr(tensor + OFF_DATA), len(raw))
+
+    def close(self) -> None:
+        self.base.ggml_backend_buffer_free(self.buffer)
+        self.base.ggml_free(self.ctx)
+
+
+def write_repacked_copy(path: str | Path, out: str | Path, names=None) -> list[str]:
+    """Write `out`: `path` with each weight of `names` (default: `repacked_names`) in llama.cpp's
+    repacked layout, at its own offset. Returns those names."""
+    path, out = Path(path), Path(out)
+    names = repacked_names(path) if names is None else list(names)
+    tensors = read_header(path).tensors
+    partial = out.with_name(f"{out.name}.{os.getpid()}.partial")  # two processes may write it at once
+    repack = Repacker(max((tensors[n].nbytes for n in names), default=1))
+    try:
+        shutil.copyfile(path, partial)
+        with open(path, "rb") as src, open(partial, "r+b") as dst:
+            for name in names:
+                t = tensors[name]
+                src.seek(t.offset)
+                dst.seek(t.offset)
+                dst.write(repack(t.qtype, t.shape, src.read(t.nbytes)))
+            dst.flush()
+            os.fsync(dst.fileno())
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        repack.close()
+    os.replace(partial, out)
+    return names
+
+
+class RepackMarks:
+    """Marks a loaded copy's repacked weights as llama.cpp's own repacked weights, each before the
+    first graph node that uses it computes (`see`, from the layer callback's question about a node)."""
+
+    def __init__(self, names):
+        base, _ = _ggml()
+        self._base = base
+        self.buffer = base.ggml_backend_buft_alloc_buffer(repack_buffer_type(), 64)
+        base.ggml_backend_buffer_set_usage(self.buffer, 1)  # GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+        self.pending = {n.encode() for n in names}
+        self.marked: set[int] = set()
+
+    def see(self, node: int) -> None:
+        """A graph node is about to be computed: mark its first source if it is a pending weight."""
+        weight = _ptr(node + OFF_SRC0)
+        if not weight or weight in self.marked:
+            return
+        name = C.string_at(weight + OFF_NAME)
+        if name in self.pending:
+            P.from_address(weight + OFF_BUFFER).value = self.buffer
+            self._base.ggml_backend_buffer_init_tensor(self.buffer, weight)  # its extra: the repacked kernels
+            self.pending.discard(name)
+            self.marked.add(weight)
+
+    def close(self) -> None:
+        if self.buffer:
+            self._base.ggml_backend_buffer_free(self.buffer)
+            self.buffer = None
+
+
+def mark_weights(model: LlamaModel, names, threads: int | None = None) -> RepackMarks:
+    """Mark a model loaded from its repacked copy: one token decoded in a small context of its own,
+    whose callback marks each weight before the node using it computes (the whole file is read once).
+    Contexts made afterwards find them marked, as llama.cpp's own repacked weights are."""
+    marks = RepackMarks(names)
+
+    @llama_cpp.ggml_backend_sched_eval_callback
+    def callback(tensor, ask, user_data):
+        if ask:
+            marks.see(tensor)
+        return not ask
+
+    ctx = LlamaContext(model, n_ctx=8, n_batch=8, n_ubatch=8, n_seq_max=1, threads=threads, eval_callback=callback)
+    try:
+        ctx.decode([0], [0], [0], [True])
+    finally:
+        ctx.close()
+    if marks.pending:
+        marks.close()
+        raise OndeviceError(f"{model.path.name}: {len(marks.pending)} repacked weights were never used by a pass; "
+                            "stream the file itself (--stream-file).")  # fmt: skip
+    return marks
+
+
+class RepackedCopy(NamedTuple):
+    path: Path  # the copy to load and stream instead of the model file
+    names: tuple[str, ...]  # its weights in the repacked layouts (RepackMarks marks them)
+
+
+def layout_fingerprint(path: str | Path, names) -> str:
+    """What the repacked bytes depend on besides the model: the library's layouts on this CPU, as the
+    sha256 of one small weight of each type repacked here (the same bytes in, the same bytes out)."""
+    tensors = read_header(path).tensors
+    digest = hashlib.sha256()
+    repack = Repacker(1 << 20)
+    try:
+        for qtype in sorted({tensors[n].qtype for n in names}):
+            size = _nbytes(qtype, (256, 8))
+            digest.update(repack(qtype, (256, 8), bytes((i * 37 + 11) % 251 for i in range(size))))
+    finally:
+        repack.close()
+    return digest.hexdigest()
+
+
+def _nbytes(qtype: int, shape: tuple[int, int]) -> int:
+    base, _ = _ggml()
+    ctx = base.ggml_init(_InitParams(1 << 16, None, True))
+    try:
+        return base.ggml_nbytes(base.ggml_new_tensor_2d(ctx, qtype, *shape))
+    finally:
+        base.ggml_free(ctx)
+
+
+def ensure_copy(model: Path, copy: Path, record: Path, say=print) -> RepackedCopy | None:
+    """The model's repacked copy at `copy`, written if missing or made for another file or library
+    layout; None where nothing would be repacked here or the disk lacks room for it (said)."""
+    names = repacked_names(model)
+    if not names:
+        return None
+    stat = model.stat()
+    want = {"source": model.name, "source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns,
+            "layout": layout_fingerprint(model, names), "names": names}  # fmt: skip
+    try:
+        if copy.exists() and json.loads(record.read_text()) == want:
+            return RepackedCopy(copy, tuple(names))
+    except (OSError, ValueError):
+        pass
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(copy.parent).free < stat.st_size + DISK_MARGIN:
+        say(f"ondevice: no room for a repacked copy of {model.name} ({stat.st_size / 1e9:.1f} GB) beside it; "
+            "its streamed layers keep the file's layout.")  # fmt: skip
+        return None
+    say(f"ondevice: writing {model.name} in llama.cpp's repacked layouts for streaming (once, {stat.st_size / 1e9:.1f} GB) ...")
+    try:
+        record.unlink(missing_ok=True)
+        write_repacked_copy(model, copy, names)
+        record.write_text(json.dumps(want))
+    except OSError as e:
+        say(f"ondevice: could not write the repacked copy of {model.name} ({e.strerror or e}); its streamed layers keep the file's layout.")
+        return None
+    return RepackedCopy(copy, tuple(names))
