@@ -42,7 +42,7 @@ from ondevice.machine.llama_repack import ggml_library
 P = C.c_void_p
 BLOCK_WEIGHT = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
 OFF_BUFFER, OFF_SRC0, OFF_DATA, OFF_NAME, OFF_EXTRA = 8, 152, 248, 256, 320  # ggml_tensor, checked in _layout
-GGML_TYPE_F32 = 0
+GGML_TYPE_F32, GGML_TYPE_Q4_K = 0, 12
 DISK_MARGIN = 2 << 30  # free space left after a copy is written
 
 
@@ -57,7 +57,7 @@ def _ggml():
     base = C.CDLL(str(ggml_library("libggml-base.so")))
     cpu = C.CDLL(str(ggml_library("libggml-cpu.so")))
     sig = {
-        "ggml_init": (P, [_InitParams]), "ggml_free": (None, [P]), "ggml_new_tensor": (P, [P, C.c_int, C.c_int, C.POINTER(C.c_int64)]),
+        "ggml_init": (P, [_InitParams]), "ggml_free": (None, [P]),
         "ggml_new_tensor_2d": (P, [P, C.c_int, C.c_int64, C.c_int64]), "ggml_mul_mat": (P, [P, P, P]),
         "ggml_set_name": (P, [P, C.c_char_p]), "ggml_get_name": (P, [P]), "ggml_nbytes": (C.c_size_t, [P]),
         "ggml_backend_reg_get_proc_address": (P, [P, C.c_char_p]), "ggml_backend_reg_dev_get": (P, [P, C.c_size_t]),
@@ -81,7 +81,10 @@ def _ptr(address: int) -> int | None:
 def repack_buffer_type() -> int | None:
     """llama.cpp's CPU_REPACK buffer type on this machine, or None (no such kernels, or a ggml whose
     tensor struct is not the one this module writes)."""
-    base, cpu = _ggml()
+    try:
+        base, cpu = _ggml()
+    except (OSError, AttributeError):  # ggml's libraries not where llama-cpp-python ships them on Linux
+        return None
     reg = cpu.ggml_backend_cpu_reg()
     proc = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
     if not proc:
@@ -101,7 +104,7 @@ def _layout(buft: int) -> bool:
     base, _ = _ggml()
     ctx = base.ggml_init(_InitParams(1 << 20, None, True))
     try:
-        weight = base.ggml_new_tensor_2d(ctx, 12, 256, 8)  # Q4_K, 8 rows
+        weight = base.ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_K, 256, 8)  # a type every x86 repacking takes, 8 rows
         product = base.ggml_mul_mat(ctx, weight, base.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1))
         base.ggml_set_name(weight, b"probe")
         buffer = base.ggml_backend_buft_alloc_buffer(buft, base.ggml_nbytes(weight))
