@@ -196,7 +196,7 @@ def write_repacked_copy(path: str | Path, out: str | Path, names=None) -> list[s
 
 class RepackMarks:
     """Marks a loaded copy's repacked weights as llama.cpp's own repacked weights, each before the
-    first graph node that uses it computes (`see`, from the layer callback's question about a node)."""
+    first graph node that uses it computes (`see`, from an eval callback's question about a node)."""
 
     def __init__(self, names):
         base, _ = _ggml()
