@@ -12,6 +12,7 @@ from scipy.special import log_softmax
 
 from ondevice.draft.builders import Round, build_best_first, build_chain, build_multi_seq
 from ondevice.draft.model_drafter import check_spec
+from ondevice.vocabtrim.head import KeptColumns
 from ondevice.errors import OndeviceError
 from ondevice.decode.protocols import DraftSpec
 from ondevice.decode.tree import DraftTree
@@ -146,21 +147,6 @@ def test_sampling_records_q_and_draws_distinct_children_reproducibly():
             assert q.shape == (24,) and abs(q.sum() - 1) < 1e-5
             expected = np.exp(log_softmax(lm.table[tree.tokens[node]].astype(np.float64) / 0.7))
             np.testing.assert_allclose(q, expected, rtol=1e-4, atol=1e-7)
-
-
-class KeptColumns:
-    """What a VocabTrim head tells a search: its logits' column i is token keep_ids[i]."""
-
-    def __init__(self, keep_ids: np.ndarray, n_vocab_full: int):
-        self.keep_ids, self.n_vocab_full = keep_ids, n_vocab_full
-
-    def to_target_ids(self, draft_ids) -> np.ndarray:
-        return self.keep_ids[np.asarray(draft_ids, dtype=np.int64)]
-
-    def to_target_probs(self, probs: np.ndarray) -> np.ndarray:
-        full = np.zeros(probs.shape[:-1] + (self.n_vocab_full,), dtype=probs.dtype)
-        full[..., self.keep_ids] = probs
-        return full
 
 
 class NarrowLM(MarkovLM):

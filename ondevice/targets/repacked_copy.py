@@ -121,9 +121,10 @@ def _layout(buft: int) -> bool:
         base.ggml_free(ctx)
 
 
-def repacked_names(path: str | Path) -> list[str]:
+def repacked_names(path: str | Path, tensors: dict | None = None) -> list[str]:
     """The block weights of a GGUF file llama.cpp would repack on this machine (empty: none, or no
-    CPU_REPACK here)."""
+    CPU_REPACK here). tensors: its header's, where read already."""
+    tensors = read_header(path).tensors if tensors is None else tensors
     buft = repack_buffer_type()
     if buft is None:
         return []
@@ -132,7 +133,7 @@ def repacked_names(path: str | Path) -> list[str]:
     ctx = base.ggml_init(_InitParams(1 << 20, None, True))
     buffer = base.ggml_backend_buft_alloc_buffer(buft, 64)  # init_tensor only decides the layout
     try:
-        for name, t in read_header(path).tensors.items():
+        for name, t in tensors.items():
             if BLOCK_WEIGHT.fullmatch(name) and len(t.shape) == 2:
                 tensor = base.ggml_new_tensor_2d(ctx, t.qtype, *t.shape)
                 base.ggml_backend_buffer_init_tensor(buffer, tensor)
@@ -253,14 +254,13 @@ class RepackedCopy(NamedTuple):
     names: tuple[str, ...]  # its weights in the repacked layouts (RepackMarks marks them)
 
 
-def layout_fingerprint(path: str | Path, names) -> str:
+def layout_fingerprint(qtypes) -> str:
     """What the repacked bytes depend on besides the model: the library's layouts on this CPU, as the
-    sha256 of one small weight of each type repacked here (the same bytes in, the same bytes out)."""
-    tensors = read_header(path).tensors
+    sha256 of one small weight of each of these types repacked here (the same bytes in, the same out)."""
     digest = hashlib.sha256()
     repack = Repacker(1 << 20)
     try:
-        for qtype in sorted({tensors[n].qtype for n in names}):
+        for qtype in sorted(set(qtypes)):
             size = _nbytes(qtype, (256, 8))
             digest.update(repack(qtype, (256, 8), bytes((i * 37 + 11) % 251 for i in range(size))))
     finally:
@@ -280,12 +280,13 @@ def _nbytes(qtype: int, shape: tuple[int, int]) -> int:
 def ensure_copy(model: Path, copy: Path, record: Path, say=print) -> RepackedCopy | None:
     """The model's repacked copy at `copy`, written if missing or made for another file or library
     layout; None where nothing would be repacked here or the disk lacks room for it (said)."""
-    names = repacked_names(model)
+    tensors = read_header(model).tensors
+    names = repacked_names(model, tensors)
     if not names:
         return None
     stat = model.stat()
     want = {"source": model.name, "source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns,
-            "layout": layout_fingerprint(model, names), "names": names}  # fmt: skip
+            "layout": layout_fingerprint(tensors[n].qtype for n in names), "names": names}  # fmt: skip
     try:
         if copy.exists() and json.loads(record.read_text()) == want:
             return RepackedCopy(copy, tuple(names))

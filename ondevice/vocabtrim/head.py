@@ -29,11 +29,29 @@ from ondevice.files.embedding_rows import EmbeddingRows
 from ondevice.vocabtrim.build import TrimmedVocab, find_trimmed, trimmed_paths
 
 
-class TrimmedHead:
-    """A trimmed drafter's vocabulary map and input embeddings.
+class KeptColumns:
+    """The K columns of a trimmed head's logits: draft index i ↔ target id keep_ids[i] (ascending),
+    every other id of the n_vocab_full has probability 0 (draft/builders.Columns)."""
+
+    def __init__(self, keep_ids, n_vocab_full: int):
+        self.keep_ids = np.asarray(keep_ids, dtype=np.int64)
+        self.n_vocab_full = n_vocab_full
+
+    def to_target_ids(self, draft_ids) -> np.ndarray:
+        """Draft indices (anything integer-shaped) → target token ids, same shape."""
+        return self.keep_ids[np.asarray(draft_ids, dtype=np.int64)]
+
+    def to_target_probs(self, probs: np.ndarray) -> np.ndarray:
+        """(..., K) draft probabilities → (..., n_vocab_full), zero outside keep_ids."""
+        full = np.zeros(probs.shape[:-1] + (self.n_vocab_full,), dtype=probs.dtype)
+        full[..., self.keep_ids] = probs
+        return full
+
+
+class TrimmedHead(KeptColumns):
+    """A trimmed drafter's vocabulary map (KeptColumns) and input embeddings.
 
     gguf_path: the trimmed GGUF to load in llama.cpp (its n_vocab is `n_vocab`).
-    keep_ids: (K,) int64 ascending target ids; draft index i ↔ target id keep_ids[i].
     """
 
     def __init__(self, drafter: str | Path):
@@ -42,10 +60,9 @@ class TrimmedHead:
         if trimmed is None:
             raise OndeviceError(f"no trimmed vocabulary is built for {drafter.name}; run `ondevice quant vocab-trim`")
         record = TrimmedVocab.load(trimmed_paths(drafter)[1])
+        super().__init__(record.keep_ids, record.n_vocab)  # the target's vocabulary
         self.gguf_path = trimmed
-        self.keep_ids = np.asarray(record.keep_ids, dtype=np.int64)
         self.n_vocab = record.k  # the trimmed (draft) vocabulary
-        self.n_vocab_full = record.n_vocab  # the target's vocabulary
         self.n_embd = record.n_embd
         self._embedding = EmbeddingRows(  # the full drafter's token_embd rows, read as asked
             str(drafter), record.embd_offset, record.embd_type, record.embd_rows, record.embd_row_bytes, record.n_embd
@@ -60,15 +77,6 @@ class TrimmedHead:
         """(n, n_embd) float32 input embeddings of target token ids (the full drafter's token_embd rows)."""
         return self._embedding(token_ids)
 
-    def to_target_ids(self, draft_ids) -> np.ndarray:
-        """Draft indices (anything integer-shaped) → target token ids, same shape."""
-        return self.keep_ids[np.asarray(draft_ids, dtype=np.int64)]
-
-    def to_target_probs(self, probs: np.ndarray) -> np.ndarray:
-        """(..., K) draft probabilities → (..., n_vocab_full), zero outside keep_ids."""
-        full = np.zeros(probs.shape[:-1] + (self.n_vocab_full,), dtype=probs.dtype)
-        full[..., self.keep_ids] = probs
-        return full
 
 
 
