@@ -42,8 +42,9 @@ CODE, CHAT = prompts.CODE_EVAL[:3], prompts.CHAT_EVAL[:3]  # 3 + 3 (was 4 + 4: C
 PROMPTS = CODE + CHAT
 CONFIGS = {
     "llama": [DraftSpec("chain", 4), DraftSpec("best-first", 16), DraftSpec("multi-seq", 8)],
-    # the memory plan's configuration for a target larger than RAM: weights left in the mapped file
-    # (no repacking), buffers for trees up to 64 nodes, the page cache steered layer by layer
+    # the memory plan's configuration for a target larger than RAM: the weights streamed from the
+    # file's repacked copy where this CPU has llama.cpp's repacked layouts (else from the file as it
+    # is), buffers for trees up to 64 nodes, the page cache steered layer by layer
     "llama-stream": [DraftSpec("best-first", 16)],
     "torch": [DraftSpec("chain", 4)],  # fp32 torch on 2 CPU cores is slow; trees are covered by llama above
     "onnx": [DraftSpec("chain", 4), DraftSpec("best-first", 16)],  # ONNX target and ONNX drafter
@@ -68,13 +69,13 @@ def drafter(real_pair):
     return LlamaDrafter(real_pair.drafter, n_ctx=1024, threads=2)
 
 
-def make_target(backend: str, path):
+def make_target(backend: str, path, scratch=None):
     if backend.startswith("llama"):
         from ondevice.targets.llama_target import LlamaTarget
 
         if backend == "llama-stream":  # as the memory plan streams it: the LM head and the first layers kept, read with O_DIRECT
             return LlamaTarget(path, n_ctx=1024, threads=2, max_tree_nodes=64, n_ubatch=256, streams=True, window=2,
-                               kept_layers=("output", 0, 1, 2))
+                               kept_layers=("output", 0, 1, 2), repacked=repacked_copy(path, scratch))
         return LlamaTarget(path, n_ctx=1024, threads=2)
     if backend == "onnx":
         from ondevice.onnx.target import OnnxTarget
@@ -83,6 +84,17 @@ def make_target(backend: str, path):
     from ondevice.targets.torch_target import TorchTarget
 
     return TorchTarget.from_gguf(path, device="cpu", n_ctx=1024, threads=2)
+
+
+def repacked_copy(path, scratch):
+    """The target's copy in llama.cpp's repacked layouts, written into `scratch` as a streaming load
+    writes it beside the model; None where this CPU runs none (the file then streams as it is)."""
+    from ondevice.machine.llama_repack import repack_runs
+    from ondevice.targets.repacked_copy import ensure_copy
+
+    if not repack_runs(path):
+        return None
+    return ensure_copy(path, scratch / "target.repacked.gguf", scratch / "target.repacked.json", say=print)
 
 
 def chat_ids(tokenizer: Tokenizer, text: str) -> list[int]:
@@ -231,10 +243,10 @@ def test_the_check_catches_batched_logits_moved_beyond_the_noise(llama_case, tok
 
 
 @pytest.mark.parametrize("backend", ["llama", "llama-stream", "torch", "onnx"])
-def test_greedy_speculation_equals_target_alone(backend, real_pair, tokenizer, drafter, llama_alone, capsys):
+def test_greedy_speculation_equals_target_alone(backend, real_pair, tokenizer, drafter, llama_alone, capsys, tmp_path):
     if backend != "llama":
         llama_alone.release()  # one 1.5B target in memory at a time, as each backend's alone
-    alone = llama_alone.get() if backend == "llama" else Alone(backend, make_target(backend, real_pair.target), tokenizer)
+    alone = llama_alone.get() if backend == "llama" else Alone(backend, make_target(backend, real_pair.target, tmp_path), tokenizer)
     target, noise = alone.target, alone.noise
     if backend == "onnx":
         from ondevice.draft.onnx_drafter import OnnxDrafter
@@ -259,7 +271,8 @@ def test_greedy_speculation_equals_target_alone(backend, real_pair, tokenizer, d
             report.append(f"{spec.builder}@{spec.budget} prompt {k} near-ties at {near_ties}")
     runs = len(CONFIGS[backend]) * len(alone.ids)
     with capsys.disabled():
-        print(f"\n[{backend}] batch noise {noise:.4f} (passes of {pass_sizes(CONFIGS[backend])}); "
+        layout = " (its repacked copy)" if getattr(target, "marks", None) is not None else ""
+        print(f"\n[{backend}{layout}] batch noise {noise:.4f} (passes of {pass_sizes(CONFIGS[backend])}); "
               f"{len(accepted)} verified rounds: {sum(a >= 2 for a in accepted)} accepted 2+ drafts, "
               f"{sum(a == 0 for a in accepted)} none; "
               f"{runs - diverged}/{runs} runs identical, {diverged} diverged at near-ties only {report}")

@@ -130,7 +130,8 @@ def test_a_target_that_does_not_fit_streams_with_the_biggest_tree_that_leaves_ro
     bigger = [t for t in TREE_SIZES if t > plan.sizes.max_tree]
     if bigger:  # the next bigger tree would not have left the window
         assert plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=60 * MiB, max_tree=bigger[-1]).sizes.max_tree < bigger[-1]
-    assert "streams from disk" in plan.describe()
+    assert "streams from disk" in plan.describe() and "repacked" not in plan.describe()
+    assert "streams its repacked copy from disk" in plan.describe(repacked=True)  # the copy in llama.cpp's layouts
 
 
 def test_buffers_grow_with_the_tree_and_the_context():

@@ -297,14 +297,16 @@ class MemoryPlan:
         head = 0 if OUTPUT_LAYER in kept else self.target.head_bytes
         return sum(b for i, b in enumerate(sizes) if i not in kept) + head
 
-    def describe(self) -> str:
+    def describe(self, repacked: bool = False) -> str:
+        """The plan in a line; repacked: the target streams from its copy in llama.cpp's repacked layouts."""
+        copy = " its repacked copy" if repacked else ""
         if self.target_in_ram:
             where = "target in RAM"
         elif self.steered:
-            where = (f"target streams from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)" if self.bytes_read_per_pass
+            where = (f"target streams{copy} from disk ({format_bytes(self.bytes_read_per_pass)} read per pass)" if self.bytes_read_per_pass
                      else "target read from disk once (nothing read per pass)")  # every layer kept, as `ondevice models` says
         else:  # what the kernel keeps cached is its own: the room is the steered plan's
-            where = "target streams from disk, the file mapped and left to the page cache (room for"
+            where = f"target streams{copy} from disk, the file mapped and left to the page cache (room for"
         kept, layers = (self.kept_layers(self.ahead) if self.ahead else ()), self.kept_layer_count
         if kept:
             counted = f"{layers} of {self.target.n_layers} layers" if layers else ""

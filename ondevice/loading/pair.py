@@ -66,6 +66,7 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
         profile_split(backends, status)
     overlap = backends.overlap_possible if opts.overlap is None else opts.overlap  # on a CPU without spare cores both would fight for them
     engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
-    placement = target.placement_summary() if plan.memory is None else plan.memory.describe()
+    repacked = getattr(target, "marks", None) is not None  # streamed from its copy in llama.cpp's repacked layouts
+    placement = target.placement_summary() if plan.memory is None else plan.memory.describe(repacked)
     info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None}
     return OpenPair(files, tokenizer, engine, plan, backends, choice, placement, info)
