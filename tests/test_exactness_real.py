@@ -116,26 +116,31 @@ class Checked:
     (numerics.greedy_misses). An answer's tokens up to where it leaves the closest answer already
     checked follow the same context, so they keep that answer's verdicts (the reference's tokens are
     the target's own); only the rest costs one-token passes. Several drafts of a prompt often take
-    the same near-tie the same way, and then agree for many tokens."""
+    the same near-tie the same way, and then agree for many tokens. The engine does not emit the end
+    token it stops on, so an answer that stopped is also checked where it ended (an answer that
+    stops before the reference does would otherwise pass as its prefix)."""
 
-    def __init__(self, target, ids: list[int], reference: list[int], noise: float):
-        self.target, self.ids, self.noise = target, ids, noise
+    def __init__(self, target, ids: list[int], reference: list[int], noise: float, end_ids: list[int] | None = None):
+        self.target, self.ids, self.noise, self.end_ids = target, ids, noise, end_ids
         self.known = [(reference, [""] * len(reference))]  # (answer, verdict per token: "", "tie", "miss")
 
-    def __call__(self, out: list[int]) -> tuple[list[int], list[int]]:
+    def __call__(self, out: list[int], stopped: bool = False) -> tuple[list[int], list[int]]:
+        """(near-ties, misses) of `out`, positions from its start; stopped: the run ended on an end
+        token after `out` (not emitted), checked as position len(out)."""
         def shared(a: list[int]) -> int:
             return next((k for k, (x, y) in enumerate(zip(out, a)) if x != y), min(len(out), len(a)))
 
         answer, verdicts = max(self.known, key=lambda known: shared(known[0]))
         i = shared(answer)
-        verdicts = verdicts[:i] + [""] * (len(out) - i)
-        if i < len(out):
-            near_ties, misses = greedy_misses(self.target, self.ids + out[:i], out[i:], self.noise)
+        verdicts = verdicts[:i] + [""] * (len(out) + stopped - i)
+        if i < len(out) or stopped:
+            ends = self.end_ids if stopped else None
+            near_ties, misses = greedy_misses(self.target, self.ids + out[:i], out[i:], self.noise, ends)
             for j in near_ties:
                 verdicts[i + j] = "tie"
             for j in misses:
                 verdicts[i + j] = "miss"
-        self.known.append((out, verdicts))
+        self.known.append((out, verdicts[: len(out)]))
         return [j for j, v in enumerate(verdicts) if v == "tie"], [j for j, v in enumerate(verdicts) if v == "miss"]
 
 
@@ -254,7 +259,7 @@ def test_greedy_speculation_equals_target_alone(backend, real_pair, tokenizer, d
         drafter = OnnxDrafter(real_pair.drafter, n_ctx=1024, threads=2)
     engine = SpecEngine(target, drafter, tokenizer.is_end)
 
-    checks = [Checked(target, x, ref, noise) for x, ref in zip(alone.ids, alone.reference)]
+    checks = [Checked(target, x, ref, noise, tokenizer.end_ids()) for x, ref in zip(alone.ids, alone.reference)]
     diverged, report, accepted = 0, [], []
     for spec in CONFIGS[backend]:
         for k, (x, ref) in enumerate(zip(alone.ids, alone.reference)):
@@ -262,7 +267,7 @@ def test_greedy_speculation_equals_target_alone(backend, real_pair, tokenizer, d
             accepted += stats.accepted_per_pass
             if out == ref:
                 continue
-            near_ties, misses = checks[k](out)
+            near_ties, misses = checks[k](out, stats.finish_reason == "stop")
             assert not misses, (
                 f"{backend} {spec.builder}@{spec.budget} prompt {k}: tokens {misses} are not the target's choice "
                 f"and the target's margin there is above the batch noise {noise:.3f} (not near-ties)"

@@ -227,7 +227,8 @@ def test_hybrid_and_suffix_equal_the_target_alone_on_an_agent_turn_real(real_pai
         if out != alone:
             i = next((k for k, (a, b) in enumerate(zip(out, alone)) if a != b), min(len(out), len(alone)))
             noise = pass_noise(target, prompt, alone, [spec.budget + 1])
-            near_ties, misses = greedy_misses(target, prompt + out[:i], out[i:], noise)
+            ends = tokenizer.end_ids() if stats.finish_reason == "stop" else None  # where it stopped, too
+            near_ties, misses = greedy_misses(target, prompt + out[:i], out[i:], noise, ends)
             with capsys.disabled():
                 print(f"[{spec.builder} real] batch noise {noise:.3f}; first difference at {i}, near-ties at {near_ties}")
             assert not misses, (misses, noise)

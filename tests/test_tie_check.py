@@ -25,14 +25,39 @@ def test_a_forced_wrong_token_is_a_miss_and_the_target_alone_passes(tmp_path):
     wrong = int(np.argmin(logits))
     assert wrong != reference[6]
     answer = reference[:6] + [wrong] + greedy_reference(target, prompt + reference[:6] + [wrong], 17)
-    report = {"results": [
+    report = {"max_tokens": 24, "results": [
         {"config": "same", "prompts": 1, "same_as_target": 1, "differing": []},
         {"config": "wrong", "prompts": 1, "same_as_target": 0, "differing": [{"prompt": 0, "answer": answer, "reference": reference}]},
     ]}
-    check = check_report(report, target, [prompt], [2, 8])
+    check = check_report(report, target, [prompt], [2, 8], end_ids=[])
     target.close()
     (row,) = check["rows"]
     assert row["config"] == "wrong" and row["answers"][0]["first_difference"] == 6
     assert row["answers"][0]["misses"] == [6]  # the rest follows its own prefix greedily: no other miss
     assert check["misses"] == 1
     assert check["target_alone"] == [{"prompt": 0, "near_ties": [], "misses": []}]
+
+
+def test_an_answer_that_stops_where_the_target_would_not_is_a_miss(tmp_path):
+    """A decode does not emit the end token it stops on: an answer that stopped early is a prefix of
+    the target alone's, and its end is what must be checked."""
+    path = write_tiny_gguf(tmp_path / "t.gguf", arch="llama", endless=True)
+    target = LlamaTarget(path, n_ctx=256, threads=2, max_tree_nodes=16)
+    prompt = [5, 17, 42, 9, 100]
+    reference = greedy_reference(target, prompt, 24)
+    target.truncate(0)
+    target.prefill(prompt + reference[:9])
+    logits = target.forward_tree(DraftTree.root_only(reference[9]))[0]
+    unlikely, likely = int(np.argmin(logits)), int(np.argmax(logits))  # an "end token" the target would not pick there, and one it would
+    assert likely == reference[10]
+
+    def check(end_id: int) -> dict:
+        report = {"max_tokens": 24, "results": [
+            {"config": "stopped", "prompts": 1, "same_as_target": 0, "differing": [{"prompt": 0, "answer": reference[:10], "reference": reference}]},
+        ]}
+        return check_report(report, target, [prompt], [2, 8], end_ids=[end_id])
+
+    early = check(unlikely)
+    assert early["rows"][0]["answers"][0]["misses"] == [10] and early["misses"] == 1
+    assert check(likely)["misses"] == 0  # where the target's own choice ends the answer, stopping there is right
+    target.close()

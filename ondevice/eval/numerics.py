@@ -127,20 +127,31 @@ class OneTokenRows:
         return logits
 
 
-def greedy_misses(target: Target, prompt: Sequence[int], out: Sequence[int], noise: float) -> tuple[list[int], list[int]]:
+def greedy_misses(target: Target, prompt: Sequence[int], out: Sequence[int], noise: float,
+                  end_ids: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
     """Check a greedy answer token by token against the target alone: (near_ties, misses).
 
     Teacher-forced: the target, one token per pass, reads prompt + out[:j] and its argmax is compared
     with out[j]. Where they differ, the position is a near-tie if the target's top-2 margin there is
     below `noise` (the measured batch noise: batched verification may flip such an argmax), else a
-    miss, which no numerics explain. The cache is left holding prompt + out[:-1].
+    miss, which no numerics explain. end_ids (the vocabulary's end tokens): the answer stopped on one
+    of them after `out` (a decode does not emit it), so position len(out) is checked too: an end
+    token must be the target's argmax there or within the noise of it (else an answer that stopped
+    early would pass as a prefix). The cache is left holding prompt + out[:-1] (+ out[-1] with end_ids).
     """
     target.truncate(0)
     target.prefill(prompt[:-1])
-    logits = logits_one_by_one(target, [prompt[-1]] + list(out[:-1]))
+    fed = list(out) if end_ids is not None else list(out[:-1])
+    logits = logits_one_by_one(target, [prompt[-1]] + fed)
     wrong = [j for j in range(len(out)) if int(logits[j].argmax()) != out[j]]
     near_ties = [j for j in wrong if top2_margin(logits[j]) < noise]
-    return near_ties, [j for j in wrong if j not in near_ties]
+    misses = [j for j in wrong if j not in near_ties]
+    if end_ids is not None:
+        row, ends = logits[len(out)], np.asarray(end_ids)
+        top = int(row.argmax())
+        if top not in set(int(e) for e in ends):
+            (near_ties if row[top] - row[ends].max() < noise else misses).append(len(out))
+    return near_ties, misses
 
 
 # --- this machine's table: `python -m ondevice.eval.numerics [--torch]` ------------------------

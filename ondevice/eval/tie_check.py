@@ -9,7 +9,8 @@ token: exact under the near-tie rule, not a bug. This loads the report's target 
 (weights mapped and not repacked where it streamed the file as it is, the same KV type), measures the batch noise on
 the prompts concerned (passes of 2 to `--sizes` tokens against one token at a time), and checks each
 answer token by token, teacher-forced, one token per pass (`eval.numerics.greedy_misses`): every
-token must be the target's argmax or a near tie. A miss is a token no numerics explain. The target
+token must be the target's argmax or a near tie, and so must the end of an answer that stopped
+before `max_tokens` (a decode does not emit the end token it stops on). A miss is a token no numerics explain. The target
 alone's own answers are checked too: they show the check itself holds on this load.
 """
 
@@ -35,8 +36,11 @@ def open_target(path: Path, placement: dict | None, n_ctx: int, sizes: list[int]
     return LlamaTarget(path, n_ctx=n_ctx, threads=threads, max_tree_nodes=max(sizes), kv_type=placement.get("kv_type", "f32"), streams=streams)
 
 
-def check_report(report: dict, target: LlamaTarget, prompts: list[list[int]], sizes: list[int]) -> dict:
-    """Per row with differing answers: near ties and misses of each; the noise they were held to."""
+def check_report(report: dict, target: LlamaTarget, prompts: list[list[int]], sizes: list[int], end_ids: list[int]) -> dict:
+    """Per row with differing answers: near ties and misses of each; the noise they were held to.
+    An answer shorter than the report's max_tokens stopped on an end token (end_ids), which is
+    checked where it stopped."""
+    stopped = lambda answer: end_ids if len(answer) < report["max_tokens"] else None  # noqa: E731
     rows = [r for r in report["results"] if r.get("differing")]
     concerned = sorted({d["prompt"] for r in rows for d in r["differing"]})
     references = {d["prompt"]: d["reference"] for r in rows for d in r["differing"]}
@@ -45,13 +49,13 @@ def check_report(report: dict, target: LlamaTarget, prompts: list[list[int]], si
     for row in rows:
         answers = []
         for d in row["differing"]:
-            near, misses = greedy_misses(target, prompts[d["prompt"]], d["answer"], noise)
+            near, misses = greedy_misses(target, prompts[d["prompt"]], d["answer"], noise, stopped(d["answer"]))
             first = next(j for j, (a, b) in enumerate(zip(d["answer"] + [None], d["reference"] + [None])) if a != b)
             answers.append({"prompt": d["prompt"], "first_difference": first, "near_ties": near, "misses": misses})
         checked.append({"config": row["config"], "same": row.get("same_as_target"), "prompts": row["prompts"], "answers": answers})
     own = []
     for i in concerned:
-        near, misses = greedy_misses(target, prompts[i], references[i], noise)
+        near, misses = greedy_misses(target, prompts[i], references[i], noise, stopped(references[i]))
         own.append({"prompt": i, "near_ties": near, "misses": misses})
     return {"noise": noise, "sizes": sizes, "rows": checked, "target_alone": own,
             "misses": sum(len(a["misses"]) for r in checked for a in r["answers"])}
@@ -81,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     path = local_path(load_pair(None).target)
     tokenizer = Tokenizer(path)
+    end_ids = tokenizer.end_ids()
     checks = {}
     for name in args.reports:
         report = json.loads(name.read_text())
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         n_ctx = max(len(p) for p in prompts) + report["max_tokens"] + max(sizes) + 8
         target = open_target(path, report.get("placement"), n_ctx, sizes, args.threads)
         try:
-            checks[str(name)] = check = check_report(report, target, prompts, sizes)
+            checks[str(name)] = check = check_report(report, target, prompts, sizes, end_ids)
         finally:
             target.close()
         print(summary_line(str(name), check), flush=True)

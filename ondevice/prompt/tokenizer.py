@@ -98,6 +98,10 @@ class Tokenizer:
         """End of generation (EOS, EOT, <|im_end|>, ...)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
+    def end_ids(self) -> list[int]:
+        """Every token that ends generation (`is_end`), in id order."""
+        return [t for t in range(self.n_vocab) if self.is_end(t)]
+
     def fingerprint(self, n_tokens: int | None = None) -> str:
         """A hash of the bytes of tokens 0..n_tokens-1 (default: all): equal ⇔ the same tokens."""
         n_tokens = self.n_vocab if n_tokens is None else n_tokens
