@@ -13,6 +13,10 @@
    layouts (targets/repacked_copy.py; written beside the target first if missing), as a streaming
    target is loaded by default.
 
+A streamed kind may name the direct-read window's reader settings after a slash:
+`repacked-streamed/r2/c16/a4` reads with 2 threads, 16 MB a read, 4 layers ahead (the defaults are
+`targets/direct_window.py`'s READERS and CHUNK and the memory plan's WINDOW_AHEAD).
+
 Each pass is a chain of n nodes over a 128-token context, timed in rounds across the four loads
 (interleaved, so a busy minute hits them alike); for the streamed load the pass's wait for the disk
 is subtracted (compute = pass - wait). Prints medians in ms, one row per n.
@@ -29,15 +33,33 @@ import numpy as np
 
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.catalog.stores.derived import repacked_paths
+from ondevice.targets import direct_window
 from ondevice.targets.llama_target import LlamaTarget
+from ondevice.targets.page_cache import WINDOW_AHEAD
 from ondevice.targets.repacked_copy import ensure_copy
 from ondevice.decode.tree import DraftTree
 
 DEFAULT_TARGET = Path.home() / ".cache/ondevice/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
 
+DEFAULT_READS = {"r": direct_window.READERS, "c": direct_window.CHUNK >> 20, "a": WINDOW_AHEAD}
+
+
+def reader_settings(kind: str) -> dict:
+    """A kind's reader settings: {"r": threads, "c": MB a read, "a": layers ahead}, the defaults filled in."""
+    return {**DEFAULT_READS, **{part[0]: int(part[1:]) for part in kind.split("/")[1:]}}
+
+
+def use_reads(settings: dict) -> None:
+    """The reader threads and read size the next window (or the next pass's reads) use."""
+    direct_window.READERS, direct_window.CHUNK = settings["r"], settings["c"] << 20
+
+
 def load(kind: str, path: Path, n_layers: int, threads: int) -> LlamaTarget:
     common = dict(n_ctx=512, threads=threads, max_tree_nodes=64, kv_type="f16")
+    settings = reader_settings(kind)
+    use_reads(settings)
+    kind = kind.split("/")[0]
     if kind == "ram":
         return LlamaTarget(path, **common)
     if kind == "mapped":
@@ -45,7 +67,7 @@ def load(kind: str, path: Path, n_layers: int, threads: int) -> LlamaTarget:
     if kind.startswith("repacked"):
         common["repacked"] = ensure_copy(path, *repacked_paths(path))
     kept = [*range(n_layers), OUTPUT_LAYER] if kind.endswith("-kept") else [OUTPUT_LAYER]
-    return LlamaTarget(path, streams=True, window=2, kept_layers=kept, **common)
+    return LlamaTarget(path, streams=True, window=settings["a"], kept_layers=kept, **common)
 
 
 def timed_pass(target: LlamaTarget, tokens: list[int], n: int) -> tuple[float, float]:
@@ -84,6 +106,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for n in sizes:
             for kind in kinds:
+                use_reads(reader_settings(kind))
                 samples[kind, n].append(timed_pass(targets[kind], chain, n))
     print("ms per pass (compute = pass - disk wait), medians of", args.repeats)
     print("nodes  " + "  ".join(f"{k:>22}" for k in kinds))
