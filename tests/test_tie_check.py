@@ -51,13 +51,14 @@ def test_an_answer_that_stops_where_the_target_would_not_is_a_miss(tmp_path):
     unlikely, likely = int(np.argmin(logits)), int(np.argmax(logits))  # an "end token" the target would not pick there, and one it would
     assert likely == reference[10]
 
-    def check(end_id: int) -> dict:
+    def check(end_ids: list[int]) -> dict:
         report = {"max_tokens": 24, "results": [
             {"config": "stopped", "prompts": 1, "same_as_target": 0, "differing": [{"prompt": 0, "answer": reference[:10], "reference": reference}]},
         ]}
-        return check_report(report, target, [prompt], [2, 8], end_ids=[end_id])
+        return check_report(report, target, [prompt], [2, 8], end_ids=end_ids)
 
-    early = check(unlikely)
+    early = check([unlikely])
     assert early["rows"][0]["answers"][0]["misses"] == [10] and early["misses"] == 1
-    assert check(likely)["misses"] == 0  # where the target's own choice ends the answer, stopping there is right
+    assert check([likely])["misses"] == 0  # where the target's own choice ends the answer, stopping there is right
+    assert check([])["misses"] == 1  # a vocabulary without end tokens: nothing could have stopped it
     target.close()

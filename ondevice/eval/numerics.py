@@ -147,10 +147,11 @@ def greedy_misses(target: Target, prompt: Sequence[int], out: Sequence[int], noi
     near_ties = [j for j in wrong if top2_margin(logits[j]) < noise]
     misses = [j for j in wrong if j not in near_ties]
     if end_ids is not None:
-        row, ends = logits[len(out)], np.asarray(end_ids)
+        row, ends = logits[len(out)], [int(e) for e in end_ids]
         top = int(row.argmax())
-        if top not in set(int(e) for e in ends):
-            (near_ties if row[top] - row[ends].max() < noise else misses).append(len(out))
+        if top not in ends:  # no end token at all: nothing could have ended the answer there
+            margin = row[top] - row[ends].max() if ends else np.inf
+            (near_ties if margin < noise else misses).append(len(out))
     return near_ties, misses
 
 
