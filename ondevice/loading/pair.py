@@ -68,5 +68,5 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
     repacked = getattr(target, "marks", None) is not None  # streamed from its copy in llama.cpp's repacked layouts
     placement = target.placement_summary() if plan.memory is None else plan.memory.describe(repacked)
-    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None}
+    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None, "repacked_stream": repacked}
     return OpenPair(files, tokenizer, engine, plan, backends, choice, placement, info)
