@@ -33,9 +33,8 @@ The plan also says when the drafter alone keeps the target out of RAM (loading/d
 weighs the drafter against the layers its RAM would keep). On a GPU (torch target) the layers'
 tiers come from `ondevice.targets.offloaded.plan_offload`, the placement the loader makes.
 
-The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit as
-well as available RAM. `ondevice models` calls `plan_memory` with sizes from the file header or the
-catalog's shape preset, without loading anything.
+The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit and available RAM.
+`ondevice models` calls `plan_memory` with sizes from the file header or a shape preset, loading nothing.
 """
 
 from __future__ import annotations
