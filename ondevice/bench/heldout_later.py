@@ -237,3 +237,17 @@ HELDOUT33_CHAT = [
     "How can I make a small balcony feel cozy in the evening?",
     "What should I pack for a three-day hiking trip in autumn?",
 ]
+
+HELDOUT34_CODE = [  # written before any run of ranking by a learned step temperature
+    "Write a Ruby method that groups an array of words by their first letter.",
+    "Write a Python function that returns the longest common prefix of a list of strings.",
+    "Write a Java method that rotates an array of integers to the right by k positions.",
+    "Write a JavaScript function that converts a camelCase string to snake_case.",
+]
+
+HELDOUT34_CHAT = [
+    "How do I keep my houseplants alive while I am away for two weeks?",
+    "What are some cheap ways to make a rented flat feel like home?",
+    "How can I get better at remembering what I read in books?",
+    "What should I ask at the end of a job interview?",
+]
