@@ -1,6 +1,6 @@
 """How sure the drafter is against how often the target agrees: teacher forcing on the target's answers.
 
-    python scripts/step_temperature.py [--target PATH] [--drafter PATH] [--prompts code,chat] [-n 64]
+    python scripts/step_temperature.py [--target PATH] [--drafter PATH] [--prompts calibration] [-n 64]
 
 For each prompt set: the target alone's greedy answer (llama-cpp-python's `Llama`, nothing of
 ondevice's decoding), then the drafter run over prompt + answer in one pass. At every answer position
