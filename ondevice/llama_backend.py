@@ -90,8 +90,7 @@ def _backend_ready() -> bool:
 # --- models -----------------------------------------------------------------------------------
 
 
-def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True,
-               configure=None):
+def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True, configure=None):
     """Load a GGUF with the crash guard; returns llama.cpp's model handle (free it with llama_model_free).
 
     resident: read the weights into anonymous memory instead of mapping the file, so the page cache
@@ -103,11 +102,24 @@ def load_model(path: str | Path, *, vocab_only: bool = False, n_gpu_layers: int 
     _backend_ready()
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
-    params.vocab_only = vocab_only
     params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if resident else llama_cpp.LLAMA_LOAD_MODE_MMAP
     params.use_extra_bufts = repack and repack_runs(path)
     if configure is not None:
         configure(params)
+    return _load(path, params)
+
+
+def load_vocab(path: str | Path):
+    """A GGUF's vocabulary alone (llama.cpp's vocab_only load: no weights read, nothing repacked), with
+    the crash guard; returns the model handle (free it with llama_model_free)."""
+    path = check_gguf_file(path)
+    _backend_ready()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    return _load(path, params)
+
+
+def _load(path: Path, params):
     handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not handle:
         raise OndeviceError(f"llama.cpp could not load {path} (corrupt or unsupported GGUF); download it again.")

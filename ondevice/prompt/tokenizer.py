@@ -26,7 +26,7 @@ class Tokenizer:
     def __init__(self, gguf_path: str | Path):
         self.path = Path(gguf_path)
         self._lender: llama_backend.LlamaModel | None = None  # the loaded model whose vocabulary it reads (`read_from`)
-        self._model = llama_backend.load_model(self.path, vocab_only=True)
+        self._model = llama_backend.load_vocab(self.path)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
