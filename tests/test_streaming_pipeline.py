@@ -240,7 +240,7 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     assert choices.leanest_drafters(plans, "llama") == ("llama",)  # the ONNX drafter is not exported: not a candidate
     OnnxDrafter(models.drafter, n_ctx=256, threads=1, vocab_trim=True, show=False).close()
     assert choices.leanest_drafters(plans, "llama") == ("llama", "onnx")  # untrimmed, both leave the same
-    choices.trim_if_streaming(models, opts, plans)
+    choices.shrink_drafter_if_streaming(models, opts, plans)
     trimmed = plans.plan("llama", "llama")
     assert trimmed.bytes_read_per_pass < plans.plan("llama", "onnx").bytes_read_per_pass
     assert choices.leanest_drafters(plans, "llama") == ("llama",)  # trimmed, it leaves room for the LM head

@@ -251,3 +251,17 @@ HELDOUT34_CHAT = [
     "How can I get better at remembering what I read in books?",
     "What should I ask at the end of a job interview?",
 ]
+
+HELDOUT35_CODE = [  # written before any run of the drafter requantized to IQ4_NL
+    "Write a Go function that reverses the words in a sentence.",
+    "Write a Python function that checks whether a string of brackets is balanced.",
+    "Write a C function that counts the set bits in an unsigned integer.",
+    "Write a TypeScript function that debounces another function by a given delay.",
+]
+
+HELDOUT35_CHAT = [
+    "How do I start running if I have never exercised before?",
+    "What is a good way to split chores fairly between flatmates?",
+    "How can I make my morning routine less rushed?",
+    "What should I pack for a weekend hiking trip in autumn?",
+]

@@ -48,7 +48,7 @@ from ondevice.catalog import hf_source, pypi_parts, verified
 from ondevice.catalog.models_folder import check_free_space, check_writable, download_lock
 from ondevice.catalog.pairs import ModelFile, ModelPair, Part
 from ondevice.errors import OndeviceError
-from ondevice.catalog.stores.derived import repacked_paths, trimmed_paths
+from ondevice.catalog.stores.derived import repacked_paths, requantized_paths, trimmed_paths
 
 CHUNK_BYTES = 4 << 20
 
@@ -164,7 +164,7 @@ def downloaded_bytes(model_file: ModelFile) -> int:
 def local_files(model_file: ModelFile) -> list[Path]:
     """What of the model ondevice put on disk, and so may delete: its parts that it downloaded (a
     `.verified` record beside them says so) with their records, and what downloading and trimming
-    them left (locks, partial downloads, staging folders, a VocabTrim head or a repacked copy made from it). A file
+    them left (locks, partial downloads, staging folders, a VocabTrim head, a repacked or requantized copy made from it). A file
     placed by hand without a record is not among them (see `unrecorded_files`)."""
     found = []
     for part in model_file.parts():
@@ -173,6 +173,7 @@ def local_files(model_file: ModelFile) -> list[Path]:
             found.append(path)
         suffixes = (".verified", ".lock", ".partial", ".partial.json")
         found += [path.with_name(path.name + suffix) for suffix in suffixes] + list(trimmed_paths(path)) + list(repacked_paths(path))
+        found += [p for weights in (path, trimmed_paths(path)[0]) for p in requantized_paths(weights)]
         staging = hf_source.staging_dir(path)
         found += [staging] if staging.is_dir() and not staging.is_symlink() else []
     return [path for path in found if path.is_dir() or path.is_file() or path.is_symlink()]

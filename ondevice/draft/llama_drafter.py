@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ondevice.draft.builders import BATCH_SPREAD
 from ondevice.draft.model_drafter import ModelDrafter
+from ondevice.draft.requantized import drafter_weights
 from ondevice.draft.tree_cache import DraftKV
 from ondevice.vocabtrim.head import TrimmedContext, TrimmedHead
 from ondevice.errors import OndeviceError
@@ -22,7 +23,8 @@ class LlamaDrafter(ModelDrafter):
     """Drafter protocol over llama.cpp; n_ctx is the longest context it must hold (tree cells come on top).
 
     vocab_trim: use the VocabTrim head built for this drafter (`ondevice quant vocab-trim`) if there is
-    one: target ids in, logits of the kept tokens out (every other token has probability 0).
+    one: target ids in, logits of the kept tokens out (every other token has probability 0). The file
+    loaded is the requantized copy where one was written for it (draft/requantized.py).
     target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
     ids the target lacks are never drafted, and a context holding an id the drafter lacks gets no draft.
     max_tree: the biggest tree it will be asked for (its KV cells, sequences and logits rows are
@@ -47,7 +49,7 @@ class LlamaDrafter(ModelDrafter):
         if not 1 <= max_batch < LLAMA_MAX_SEQUENCES:
             raise OndeviceError(f"max_batch must be 1 to {LLAMA_MAX_SEQUENCES - 1}, not {max_batch}.")
         head = TrimmedHead.find(model_path) if vocab_trim else None
-        self.model = LlamaModel(head.gguf_path if head else model_path, resident=resident)
+        self.model = LlamaModel(drafter_weights(head.gguf_path if head else model_path), resident=resident)
         llama_ctx = LlamaContext(
             self.model,
             n_ctx=n_ctx + max_tree + max_batch,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ondevice.catalog.choose import choose
 from ondevice.catalog.hub import PairFiles
+from ondevice.draft.requantized import write_requantized
 from ondevice.errors import OndeviceError
 from ondevice.loading.memory import MemoryPlan, answer_context
 from ondevice.loading.options import CPU_BACKENDS, DEFAULT_CTX, Answers, LoadOptions
@@ -33,17 +34,17 @@ from ondevice.vocabtrim.shipped import trim_for_streaming
 def plan_load(opts: LoadOptions, files: PairFiles, process_bytes: int | None = None, answers: Answers | None = None,
               tokenizer: Tokenizer | None = None, status=None) -> LoadPlan:
     """How to load these files (see LoadPlan). A llama.cpp target that streams from disk first gets
-    the drafter trimmed to its catalog's keep set (`trim_if_streaming`) and, with `answers` (and the
-    target's `tokenizer`) and no --ctx, a context sized to them; with the drafter (unless asked for
-    it), the plan without it comes with it (`lean`): the same backends and threads, its memory
-    planned from the same headers."""
+    the drafter trimmed to its catalog's keep set and requantized (`shrink_drafter_if_streaming`)
+    and, with `answers` (and the target's `tokenizer`) and no --ctx, a context sized to them; with
+    the drafter (unless asked for it), the plan without it comes with it (`lean`): the same backends
+    and threads, its memory planned from the same headers."""
     threads = opts.threads or default_threads()
     plans = MemoryPlans(files, opts, process_bytes)
     if opts.rpc is not None:  # llama.cpp places the split; the planner's profile is the split's own
         target, drafter = "llama", "llama" if opts.drafter_backend == "auto" else opts.drafter_backend
         n_ctx = rpc_context(opts, answers, tokenizer)
         return LoadPlan(files, opts, target, drafter, threads, n_ctx, plans.plan(target, drafter, n_ctx), plans.split)
-    trim_if_streaming(files, opts, plans, status)  # the catalog's keep set: a smaller drafter, more layers cached
+    shrink_drafter_if_streaming(files, opts, plans, status)  # a smaller, faster drafter: more layers cached
     target, drafter = pick_backends(opts, files, threads, plans)
     memory, n_ctx = sized_memory(plans, target, drafter, answers, tokenizer)
     plan = LoadPlan(files, opts, target, drafter, threads, n_ctx, memory, plans.split)
@@ -120,15 +121,20 @@ def pick_backends(opts: LoadOptions, files: PairFiles, threads: int, plans: Memo
     return target or pick_backend("auto"), drafter or "llama"
 
 
-def trim_if_streaming(files: PairFiles, opts: LoadOptions, plans: MemoryPlans, status=None) -> None:
-    """Where a llama.cpp target will stream from disk, write the drafter trimmed to the keep set its
-    catalog entry ships (once, seconds): a smaller drafter leaves more of the target cached. Before
-    the backends are chosen, so that the choice and the profile see the drafter that will draft."""
-    if not opts.vocab_trim or files.drafter is None or opts.drafter_backend == "onnx" or pick_backend(opts.target_backend) != "llama":
+def shrink_drafter_if_streaming(files: PairFiles, opts: LoadOptions, plans: MemoryPlans, status=None) -> None:
+    """Where a llama.cpp target will stream from disk, write (once, seconds each) the drafter trimmed
+    to the keep set its catalog entry ships, then the file the llama.cpp drafter loads requantized for
+    llama.cpp's repacked kernels where that pays here (draft/requantized.py): a smaller drafter leaves
+    more of the target cached, a faster one shortens every round. Before the backends are chosen, so
+    that the choice and the profile see the drafter that will draft."""
+    if files.drafter is None or opts.drafter_backend == "onnx" or pick_backend(opts.target_backend) != "llama":
         return
     memory = plans.plan("llama", "llama")
-    if memory is not None and memory.streams:
+    if memory is None or not memory.streams:
+        return
+    if opts.vocab_trim:
         trim_for_streaming(files.name, files.drafter, files.drafter_sha256, status)
+    write_requantized(plans.drafter_file(requantized=False), status)
 
 
 def leanest_drafters(plans: MemoryPlans, target: str) -> tuple[str, ...]:

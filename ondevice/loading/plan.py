@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ondevice.catalog.hub import PairFiles
 from ondevice.draft.loader import load_drafter
+from ondevice.draft.requantized import drafter_weights
 from ondevice.loading.memory import MemoryPlan, ModelSize, plan_memory
 from ondevice.loading.options import LoadOptions
 from ondevice.machine.facts import cuda_available, default_threads
@@ -85,14 +86,21 @@ class MemoryPlans:
             self._sizes[path] = ModelSize.from_gguf(path)
         return self._sizes[path]
 
+    def drafter_file(self, requantized: bool = True) -> Path | None:
+        """The GGUF a llama.cpp drafter of these files loads: its trimmed vocabulary where one is
+        built (and asked for); with `requantized`, its copy where one is written (draft/requantized.py)."""
+        drafter = self.files.drafter
+        if drafter is None:
+            return None
+        weights = (find_trimmed(drafter) if self.opts.vocab_trim else None) or drafter
+        return drafter_weights(weights) if requantized else weights
+
     def plan(self, backend: str, drafter_backend: str = "llama", n_ctx: int | None = None) -> MemoryPlan | None:
         """Where a llama.cpp target lives (RAM or streamed from disk) and how its buffers (and the
         drafter's: the trimmed one where it drafts) are sized; None for the torch and ONNX targets."""
         if backend != "llama":
             return None
-        drafter = self.files.drafter
-        if drafter is not None and self.opts.vocab_trim and drafter_backend == "llama":  # an ONNX drafter is counted as its GGUF
-            drafter = find_trimmed(drafter) or drafter
+        drafter = self.drafter_file() if drafter_backend == "llama" else self.files.drafter  # an ONNX drafter is counted as its GGUF
         key = (drafter, n_ctx or self.opts.context)
         if key not in self._plans:
             sizes = self.size(drafter) if drafter is not None else None

@@ -125,20 +125,25 @@ def repacked_names(path: str | Path, tensors: dict | None = None) -> list[str]:
     """The block weights of a GGUF file llama.cpp would repack on this machine (empty: none, or no
     CPU_REPACK here). tensors: its header's, where read already."""
     tensors = read_header(path).tensors if tensors is None else tensors
+    weights = {name: (t.qtype, tuple(t.shape)) for name, t in tensors.items() if BLOCK_WEIGHT.fullmatch(name) and len(t.shape) == 2}
+    return [name for name, fast in zip(weights, repacks_here(list(weights.values()))) if fast]
+
+
+def repacks_here(weights: list[tuple[int, tuple[int, int]]]) -> list[bool]:
+    """For each (ggml type, (columns, rows)) of a weight, whether llama.cpp would repack it on this
+    machine (all False where there is no CPU_REPACK here)."""
     buft = repack_buffer_type()
-    if buft is None:
-        return []
+    if buft is None or not weights:
+        return [False] * len(weights)
     base, _ = _ggml()
     found = []
     ctx = base.ggml_init(_InitParams(1 << 20, None, True))
     buffer = base.ggml_backend_buft_alloc_buffer(buft, 64)  # init_tensor only decides the layout
     try:
-        for name, t in tensors.items():
-            if BLOCK_WEIGHT.fullmatch(name) and len(t.shape) == 2:
-                tensor = base.ggml_new_tensor_2d(ctx, t.qtype, *t.shape)
-                base.ggml_backend_buffer_init_tensor(buffer, tensor)
-                if _ptr(tensor + OFF_EXTRA):
-                    found.append(name)
+        for qtype, shape in weights:
+            tensor = base.ggml_new_tensor_2d(ctx, qtype, *shape)
+            base.ggml_backend_buffer_init_tensor(buffer, tensor)
+            found.append(bool(_ptr(tensor + OFF_EXTRA)))
     finally:
         base.ggml_backend_buffer_free(buffer)
         base.ggml_free(ctx)

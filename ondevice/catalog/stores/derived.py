@@ -1,5 +1,5 @@
 """Where a file made from a model goes (a trimmed-vocabulary drafter and its record, an ONNX export,
-a streaming target's repacked copy):
+a streaming target's repacked copy, a drafter requantized for llama.cpp's repacked kernels):
 beside the model, unless the model lies in another program's store, which is never written; then
 under `<home>/stores/derived/<key>/`, the key a hash of the model's path.
 
@@ -19,17 +19,25 @@ TRIMMED_SUFFIX = ".vocab-trim.gguf"
 RECORD_SUFFIX = ".vocab-trim.json"
 REPACKED_SUFFIX = ".repacked.gguf"  # a streaming target's copy in llama.cpp's repacked layouts
 REPACKED_RECORD_SUFFIX = ".repacked.json"
+REQUANTIZED_SUFFIX = ".iq4_nl.gguf"  # a drafter's weights in IQ4_NL (draft/requantized.py)
+REQUANTIZED_RECORD_SUFFIX = ".iq4_nl.json"
 
 
 def is_derived(name: str) -> bool:
     """Whether a file name is one of the files made from a model here (not a model of its own)."""
-    return name.endswith((TRIMMED_SUFFIX, REPACKED_SUFFIX))
+    return name.endswith((TRIMMED_SUFFIX, REPACKED_SUFFIX, REQUANTIZED_SUFFIX))
 
 
 def trimmed_paths(drafter: Path) -> tuple[Path, Path]:
     """A drafter's trimmed GGUF (vocabtrim/build.py writes it) and its record: where they go."""
     stem = drafter.name.removesuffix(".gguf")
     return derived_path(drafter, stem + TRIMMED_SUFFIX), derived_path(drafter, stem + RECORD_SUFFIX)
+
+
+def requantized_paths(weights: Path) -> tuple[Path, Path]:
+    """A drafter file's copy requantized to IQ4_NL (draft/requantized.py) and its record."""
+    stem = weights.name.removesuffix(".gguf")
+    return derived_path(weights, stem + REQUANTIZED_SUFFIX), derived_path(weights, stem + REQUANTIZED_RECORD_SUFFIX)
 
 
 def repacked_paths(target: Path) -> tuple[Path, Path]:
