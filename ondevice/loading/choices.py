@@ -122,9 +122,10 @@ def pick_backends(opts: LoadOptions, files: PairFiles, threads: int, plans: Memo
 
 
 def shrink_drafter_if_streaming(files: PairFiles, opts: LoadOptions, plans: MemoryPlans, status=None) -> None:
-    """Where a llama.cpp target will stream from disk, write (once, seconds each) the drafter trimmed
-    to the keep set its catalog entry ships, then the file the llama.cpp drafter loads requantized for
-    llama.cpp's repacked kernels where that pays here (draft/requantized.py): a smaller drafter leaves
+    """Where a llama.cpp target will stream from disk, write once the drafter trimmed to the keep set
+    its catalog entry ships (seconds), then the file the llama.cpp drafter loads requantized for
+    llama.cpp's repacked kernels where that pays here (draft/requantized.py; half a minute for the
+    default drafter on two cores): a smaller drafter leaves
     more of the target cached, a faster one shortens every round. Before the backends are chosen, so
     that the choice and the profile see the drafter that will draft."""
     if files.drafter is None or opts.drafter_backend == "onnx" or pick_backend(opts.target_backend) != "llama":
