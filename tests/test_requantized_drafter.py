@@ -105,14 +105,13 @@ def test_where_llama_cpp_does_not_repack_no_copy_is_written_or_loaded(q5_drafter
     assert write_requantized(q5_drafter) is None and not copy.exists()
 
 
-def test_a_folder_that_refuses_the_write_leaves_the_drafter_as_it_is(q5_drafter, monkeypatch):
+def test_a_folder_that_refuses_the_write_leaves_the_drafter_as_it_is(q5_drafter, monkeypatch, capsys):
     def refused(weights, out):
         raise PermissionError(13, "Permission denied")
 
-    said = []
     monkeypatch.setattr(requantized, "quantize", refused)
-    assert write_requantized(q5_drafter, said.append) is None
-    assert drafter_weights(q5_drafter) == q5_drafter and "cannot write" in said[-1]
+    assert write_requantized(q5_drafter) is None
+    assert drafter_weights(q5_drafter) == q5_drafter and "cannot write" in capsys.readouterr().err
     assert not list(q5_drafter.parent.glob("*.partial"))
 
 
@@ -130,3 +129,16 @@ def test_the_drafter_loads_the_copy_and_the_answer_stays_the_targets(tmp_path, q
     finally:
         drafter.close()
         target.close()
+
+
+def test_the_memory_plan_counts_the_copy_the_drafter_loads(tmp_path, q5_drafter):
+    from ondevice.catalog.hub import PairFiles
+    from ondevice.loading.options import LoadOptions
+    from ondevice.loading.plan import MemoryPlans
+
+    target = tiny_models.write_tiny_gguf(tmp_path / "target.gguf", "qwen2")
+    plans = MemoryPlans(PairFiles("t", "t", target, q5_drafter), LoadOptions(threads=1, ctx=256))
+    before = plans.plan("llama", "llama").drafter_bytes
+    copy = write_requantized(plans.drafter_file(requantized=False))
+    assert plans.drafter_file() == copy and plans.drafter_file(requantized=False) == q5_drafter
+    assert plans.plan("llama", "llama").drafter_bytes == ModelSize.from_gguf(copy).file_bytes < before

@@ -33,6 +33,7 @@ import llama_cpp
 from ondevice.catalog.stores.derived import requantized_paths
 from ondevice.files.gguf_header import read_header
 from ondevice.machine.llama_repack import repack_runs
+from ondevice.paths import warn
 from ondevice.targets.repacked_copy import BLOCK_WEIGHT, repacked_names, repacks_here
 
 IQ4_NL = 20  # ggml_type
@@ -81,11 +82,12 @@ def drafter_weights(weights: Path) -> Path:
 def write_requantized(weights: Path, say=None) -> Path | None:
     """Write the drafter file's IQ4_NL copy where it is worth it (`worth_requantizing`) and none is
     written yet; the copy, or None where there is none (not worth it, or the folder refused the write:
-    said, and the file itself drafts). say(message): a status line while it writes (half a minute
-    for a 0.5B drafter on two cores)."""
+    a warning, and the file itself drafts). say(message): a status line while it writes (half a
+    minute for a 0.5B drafter on two cores)."""
     weights = Path(weights)
-    if written_copy(weights) is not None:
-        return written_copy(weights)
+    written = written_copy(weights)
+    if written is not None:
+        return written
     if not worth_requantizing(weights):
         return None
     copy, record = requantized_paths(weights)
@@ -100,8 +102,7 @@ def write_requantized(weights: Path, say=None) -> Path | None:
         record.write_text(json.dumps({**source_record(weights), "bytes": copy.stat().st_size}))
     except OSError as err:
         partial.unlink(missing_ok=True)
-        if say is not None:
-            say(f"cannot write {copy} ({err.strerror or err}); the drafter drafts from {weights.name}")
+        warn(f"cannot write {copy} ({err.strerror or err}); the drafter drafts from {weights.name}")
         return None
     return copy
 
