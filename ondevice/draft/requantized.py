@@ -30,7 +30,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from ondevice.catalog.stores.derived import requantized_paths
+from ondevice.catalog.stores.derived import requantized_paths, source_stamp
 from ondevice.files.gguf_header import read_header
 from ondevice.machine.llama_repack import repack_runs
 from ondevice.paths import warn
@@ -51,13 +51,12 @@ def worth_requantizing(weights: Path) -> bool:
     slow = [t for name, t in blocks.items() if name not in fast and t.qtype in NOT_REPACKED]
     if 2 * sum(t.nbytes for t in slow) <= sum(t.nbytes for t in blocks.values()):
         return False
-    return all(repacks_here([(IQ4_NL, tuple(t.shape)) for t in slow[:1]]))
+    return repacks_here([(IQ4_NL, tuple(slow[0].shape))])[0]
 
 
 def source_record(weights: Path) -> dict:
-    """What the copy is made from: the file by name, size and modification time."""
-    stat = weights.stat()
-    return {"source": weights.name, "source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns, "type": "IQ4_NL"}
+    """What the copy's record says of the file it was made from, and of itself."""
+    return {**source_stamp(weights), "type": "IQ4_NL"}
 
 
 def written_copy(weights: Path) -> Path | None:

@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import llama_cpp
 
+from ondevice.catalog.stores.derived import source_stamp
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_header import read_header
 from ondevice.llama_backend import LlamaContext, LlamaModel
@@ -290,8 +291,7 @@ def ensure_copy(model: Path, copy: Path, record: Path, say=print) -> RepackedCop
     if not names:
         return None
     stat = model.stat()
-    want = {"source": model.name, "source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns,
-            "layout": layout_fingerprint(tensors[n].qtype for n in names), "names": names}  # fmt: skip
+    want = {**source_stamp(model), "layout": layout_fingerprint(tensors[n].qtype for n in names), "names": names}
     try:
         if copy.exists() and json.loads(record.read_text()) == want:
             return RepackedCopy(copy, tuple(names))

@@ -34,6 +34,13 @@ def trimmed_paths(drafter: Path) -> tuple[Path, Path]:
     return derived_path(drafter, stem + TRIMMED_SUFFIX), derived_path(drafter, stem + RECORD_SUFFIX)
 
 
+def source_stamp(model: Path) -> dict:
+    """What a derived file's record says of the file it was made from (name, size, modification
+    time): a record that no longer matches it means the source changed and the file is made again."""
+    stat = model.stat()
+    return {"source": model.name, "source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+
+
 def requantized_paths(weights: Path) -> tuple[Path, Path]:
     """A drafter file's copy requantized to IQ4_NL (draft/requantized.py) and its record."""
     stem = weights.name.removesuffix(".gguf")
