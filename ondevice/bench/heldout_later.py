@@ -265,3 +265,17 @@ HELDOUT35_CHAT = [
     "How can I make my morning routine less rushed?",
     "What should I pack for a weekend hiking trip in autumn?",
 ]
+
+HELDOUT36_CODE = [  # written before any run on the AMX Xeon of 2026-12-06
+    "Write a Rust function that returns the second largest number in a slice, if there is one.",
+    "Write a Python function that flattens a nested list of any depth.",
+    "Write a Kotlin function that checks whether two strings are anagrams.",
+    "Write a Bash script that renames every .jpeg file in a folder to .jpg.",
+]
+
+HELDOUT36_CHAT = [
+    "How do I say no to extra work without upsetting my manager?",
+    "What are good habits for keeping a small kitchen tidy?",
+    "How can I help a friend who is nervous about flying?",
+    "What should I think about before adopting a cat?",
+]
