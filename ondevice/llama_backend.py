@@ -5,8 +5,9 @@ llama-cpp-python), but for the eval callback a streaming target steers by
 (targets/layer_callback.py). What it takes care of:
 
 - **Repacked weights where they run.** llama.cpp's faster CPU layouts (extra buffer types) for weights
-  held in RAM; on a CPU with AMX only with ONDEVICE_AMX=1 and a build whose AMX kernels run
-  (machine/llama_repack.py). A context whose model computes with the AMX kernels decodes on a thread
+  held in RAM; on a CPU with AMX its AMX kernels only with ONDEVICE_AMX=1 and a build where they run
+  (machine/llama_repack.py), else its CPU_REPACK layouts asked for weight by weight
+  (machine/repack_layouts.py). A context whose model computes with the AMX kernels decodes on a thread
   of its own (`LlamaContext._on_own_thread`).
 - **Clear errors.** A missing file, one that is not a GGUF, or one whose header or metadata would
   make llama.cpp abort (files/gguf_check.py) is an `OndeviceError` before llama.cpp sees it; a model
@@ -39,6 +40,7 @@ from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_gguf_file
 from ondevice.machine.facts import default_threads
 from ondevice.machine.llama_repack import cpu_has_amx, repack_runs
+from ondevice.machine.repack_layouts import repack_overrides
 
 KV_TYPES = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16}
 LLAMA_MAX_SEQUENCES = int(llama_cpp.llama_max_parallel_sequences())  # LLAMA_MAX_SEQ (256)
@@ -95,7 +97,8 @@ def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = Fals
 
     resident: read the weights into anonymous memory instead of mapping the file, so the page cache
     cannot evict them (a drafter beside a target that streams). repack: let llama.cpp copy weights
-    into its faster CPU layouts (anonymous memory too; off for a target that must stay mapped).
+    into its faster CPU layouts (anonymous memory too; off for a target that must stay mapped): all
+    its extra buffer types where `repack_runs`, else (a CPU with AMX) CPU_REPACK weight by weight.
     configure(params): sets more of llama_model_params last (a split across workers: loading/rpc_split.py).
     """
     path = check_gguf_file(path)
@@ -104,6 +107,10 @@ def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = Fals
     params.n_gpu_layers = n_gpu_layers
     params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if resident else llama_cpp.LLAMA_LOAD_MODE_MMAP
     params.use_extra_bufts = repack and repack_runs(path)
+    overrides = None  # llama.cpp reads them while it loads
+    if repack and not params.use_extra_bufts and n_gpu_layers == 0 and configure is None:
+        overrides = repack_overrides(path)  # a CPU with AMX: the CPU_REPACK layouts without the AMX buffer type
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p) if overrides is not None else None
     if configure is not None:
         configure(params)
     return _load(path, params)

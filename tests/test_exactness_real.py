@@ -89,10 +89,10 @@ def make_target(backend: str, path, scratch=None):
 def repacked_copy(path, scratch):
     """The target's copy in llama.cpp's repacked layouts, written into `scratch` as a streaming load
     writes it beside the model; None where this CPU runs none (the file then streams as it is)."""
-    from ondevice.machine.llama_repack import repack_runs
+    from ondevice.machine.repack_layouts import layouts_repacked
     from ondevice.targets.repacked_copy import ensure_copy
 
-    if not repack_runs(path):
+    if not layouts_repacked():
         return None
     return ensure_copy(path, scratch / "target.repacked.gguf", scratch / "target.repacked.json", say=print)
 

@@ -111,7 +111,7 @@ UNGUARDED = """
 def test_the_repack_verdict_matches_an_unguarded_load(real_pair, tmp_path, monkeypatch):
     """On an AMX CPU the saved verdict (machine/llama_repack.py) says what llama.cpp's own default load
     does with this build: an 8-token batch decodes, or the process dies (a segfault on one Xeon, an
-    illegal instruction on another) and every load of ours keeps the weights unrepacked."""
+    illegal instruction on another) and every load of ours keeps the AMX kernels off."""
     if not llama_repack.cpu_has_amx():
         pytest.skip("this CPU has no AMX: repacked layouts are always used")
     monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))

@@ -180,7 +180,7 @@ def llama_cpp_greedy(path, prompt: list[int], n: int, logits_all: bool = False):
     """llama-cpp-python's own high-level generator (greedy), loaded with the same crash guard."""
     import llama_cpp
 
-    from ondevice.machine.llama_repack import weight_layout_guard
+    from ondevice.machine.repack_layouts import weight_layout_guard
 
     with weight_layout_guard(path):  # the weight layout ondevice's loads use on this CPU: the same kernels
         llm = llama_cpp.Llama(str(path), n_ctx=512, n_threads=2, n_threads_batch=2, n_batch=512,

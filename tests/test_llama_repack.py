@@ -8,7 +8,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from ondevice.machine import llama_repack
+from ondevice.machine import llama_repack, repack_layouts
 from tiny_models import write_tiny_gguf
 
 LIBRARY = llama_repack.LIB_DIR / "libggml-cpu.so"
@@ -75,12 +75,12 @@ def test_loads_repack_only_where_the_verdict_allows(home, tiny, monkeypatch):
     (home / "machine").mkdir(parents=True)
     (home / "machine" / llama_repack.SAVED).write_text(json.dumps({"library": identity, "runs": {"Q8_0": False}}))
     assert not llama_repack.repack_runs(tiny)
-    with llama_repack.weight_layout_guard(tiny):
+    with repack_layouts.weight_layout_guard(tiny):
         assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is False
     llama_repack._verdicts.clear()
     (home / "machine" / llama_repack.SAVED).unlink()
     assert llama_repack.repack_runs(tiny)  # the tiny model's f32 weights run
-    with llama_repack.weight_layout_guard(tiny):
+    with repack_layouts.weight_layout_guard(tiny):
         assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is True
 
 

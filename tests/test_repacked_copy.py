@@ -13,12 +13,12 @@ import pytest
 
 import tiny_models
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
-from ondevice.machine.llama_repack import repack_runs
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.targets import repacked_copy
 from ondevice.targets.direct_window import DirectWindow, direct_reads_work
 from ondevice.targets.llama_target import LlamaTarget
-from ondevice.targets.repacked_copy import RepackedCopy, ensure_copy, repacked_names, write_repacked_copy
+from ondevice.machine.repack_layouts import layouts_repacked, repacked_names
+from ondevice.targets.repacked_copy import RepackedCopy, ensure_copy, write_repacked_copy
 from ondevice.decode.tree import DraftTree
 from tiny_quant import QUANT_DIMS, q4_k_m_mix
 
@@ -71,8 +71,8 @@ def test_the_copy_differs_from_the_file_only_in_the_weights_it_repacks(quantized
 def test_streamed_from_the_copy_it_computes_as_llama_cpp_repacking_in_ram(quantized, tmp_path, window):
     if window and not direct_reads_work(quantized):
         pytest.skip("this file system does not take O_DIRECT reads")
-    if not repack_runs(quantized):
-        pytest.skip("llama.cpp's repacked layouts stay off on this CPU (machine/llama_repack.py)")
+    if not layouts_repacked():
+        pytest.skip("llama.cpp has no repacked layouts on this CPU")
     in_ram = LlamaTarget(quantized, n_ctx=128, threads=1, max_tree_nodes=16, n_ubatch=64)  # llama.cpp repacks as it loads
     reference = answers(in_ram)
     in_ram.close()

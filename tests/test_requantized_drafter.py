@@ -19,12 +19,13 @@ from ondevice.decode.protocols import DraftSpec
 from ondevice.decode.stats import collect
 from ondevice.decode.verify import Sampling
 from ondevice.draft import requantized
+from ondevice.machine import repack_layouts
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.draft.requantized import IQ4_NL, drafter_weights, worth_requantizing, write_requantized
 from ondevice.files.gguf_header import read_header
 from ondevice.loading.memory import ModelSize
 from ondevice.targets.llama_target import LlamaTarget
-from ondevice.targets.repacked_copy import repacks_here
+from ondevice.machine.repack_layouts import repacks_here
 from tiny_quant import QUANT_DIMS, encode
 
 pytestmark = pytest.mark.skipif(not repacks_here([(IQ4_NL, (256, 512))])[0],
@@ -99,7 +100,7 @@ def test_a_drafter_of_other_types_is_left_as_it_is(tmp_path, block_type):
 
 def test_where_llama_cpp_does_not_repack_no_copy_is_written_or_loaded(q5_drafter, monkeypatch):
     copy = write_requantized(q5_drafter)
-    monkeypatch.setattr(requantized, "repack_runs", lambda path: False)  # an AMX CPU without ONDEVICE_AMX=1
+    monkeypatch.setattr(repack_layouts, "repack_buffer_type", lambda: None)  # a CPU without them (no AVX2)
     assert drafter_weights(q5_drafter) == q5_drafter
     copy.unlink()
     assert write_requantized(q5_drafter) is None and not copy.exists()

@@ -46,7 +46,7 @@ def llama_cpp_logits(gguf_path, tokens) -> np.ndarray:
     """(len(tokens), vocab) logits of llama.cpp evaluating tokens as one plain causal sequence."""
     import llama_cpp
 
-    from ondevice.machine.llama_repack import weight_layout_guard
+    from ondevice.machine.repack_layouts import weight_layout_guard
 
     with weight_layout_guard():  # on AMX CPUs the weights as the file stores them: torch runs in this process too
         llm = llama_cpp.Llama(

@@ -9,9 +9,9 @@ tokens after the first (its own prefill is excluded, as in ondevice's rows) and 
 so the bench can say whether each answer equals ondevice's target alone.
 
 The `Llama` target is loaded as llama-cpp-python loads it by default (memory-mapped, llama.cpp's
-weight repacking on), except that on CPUs with AMX repacking stays off unless ondevice's loads use it
-too (llama_repack.repack_runs: ONDEVICE_AMX=1 and a build whose AMX kernels run) and a repacked copy
-fits beside the file's pages (llama_repack.fits_twice: under a memory limit the default load is
+weight repacking on), except that on CPUs with AMX it gets the layout ondevice's loads use there
+(repack_layouts.weight_layout_guard: the AMX kernels only with ONDEVICE_AMX=1 and a build where they
+run, else the CPU_REPACK layouts weight by weight) where a repacked copy fits beside the file's pages (llama_repack.fits_twice: under a memory limit the default load is
 OOM-killed); the drafter is memory-mapped too. With a draft model it keeps logits for every token of a batch, so its batch is
 capped at 64 tokens (a 512-token batch's logits alone take 600 MB).
 
@@ -40,7 +40,7 @@ from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_gguf_file
 from ondevice.llama_backend import set_llama_logging
-from ondevice.machine import llama_repack
+from ondevice.machine import llama_repack, repack_layouts
 from ondevice.decode.protocols import DraftSpec
 
 SPEC_BATCH = 64
@@ -61,7 +61,7 @@ def load_llama(target_path, n_ctx: int, threads: int, draft_model: LlamaDraftMod
     """placement: Llama()'s n_gpu_layers and tensor_split, for a split over RPC workers (eval/llamacpp_split.py)."""
     batch = SPEC_BATCH if draft_model is not None else 512
     check_gguf_file(target_path)  # a header llama.cpp would abort on is one line first, as in every other load
-    with llama_repack.weight_layout_guard(target_path if llama_repack.fits_twice(target_path) else None):
+    with repack_layouts.weight_layout_guard(target_path if llama_repack.fits_twice(target_path) else None):
         llm = llama_cpp.Llama(
             model_path=str(target_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=batch, n_ubatch=batch,
             draft_model=draft_model, verbose=False, **placement,

@@ -32,9 +32,8 @@ import llama_cpp
 
 from ondevice.catalog.stores.derived import requantized_paths, source_stamp
 from ondevice.files.gguf_header import read_header
-from ondevice.machine.llama_repack import repack_runs
 from ondevice.paths import warn
-from ondevice.targets.repacked_copy import BLOCK_WEIGHT, repacked_names, repacks_here
+from ondevice.machine.repack_layouts import BLOCK_WEIGHT, layouts_repacked, repacked_names, repacks_here
 
 IQ4_NL = 20  # ggml_type
 NOT_REPACKED = {6, 7, 14}  # Q5_0, Q5_1, Q6_K: near IQ4_NL's precision, and no repacked layout of their own
@@ -45,7 +44,7 @@ def worth_requantizing(weights: Path) -> bool:
     it does not repack (NOT_REPACKED)."""
     tensors = read_header(weights).tensors
     blocks = {name: t for name, t in tensors.items() if BLOCK_WEIGHT.fullmatch(name) and len(t.shape) == 2}
-    if not blocks or not repack_runs(weights):
+    if not blocks:
         return False
     fast = set(repacked_names(weights, tensors))
     slow = [t for name, t in blocks.items() if name not in fast and t.qtype in NOT_REPACKED]
@@ -72,10 +71,10 @@ def written_copy(weights: Path) -> Path | None:
 
 def drafter_weights(weights: Path) -> Path:
     """The GGUF to load for this drafter file: its requantized copy where one was written for it and
-    llama.cpp's repacked layouts are used here (repack_runs), else the file itself."""
+    llama.cpp's repacked layouts are used here (layouts_repacked), else the file itself."""
     weights = Path(weights)
     copy = written_copy(weights)
-    return copy if copy is not None and repack_runs(weights) else weights
+    return copy if copy is not None and layouts_repacked() else weights
 
 
 def write_requantized(weights: Path, say=None) -> Path | None:

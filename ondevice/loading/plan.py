@@ -25,7 +25,7 @@ from ondevice.targets.loader import load_target
 from ondevice.targets.page_cache import WINDOW_AHEAD
 from ondevice.vocabtrim.build import find_trimmed
 from ondevice.catalog.stores.derived import repacked_paths
-from ondevice.machine.llama_repack import repack_runs
+from ondevice.machine.repack_layouts import layouts_repacked
 from ondevice.targets.repacked_copy import ensure_copy
 
 
@@ -149,7 +149,7 @@ def open_target(backend: str, path: Path, n_ctx: int, threads: int, opts: LoadOp
         sized = {**(sized or {}), "split": split}
     if memory is not None and memory.streams:
         unmap_large_frees()  # the heap shares the limit with the kept layers: what it frees goes back
-    if backend == "llama" and sized and sized.get("streams") and split is None and opts.repacked_stream and repack_runs(path):
+    if backend == "llama" and sized and sized.get("streams") and split is None and opts.repacked_stream and layouts_repacked():
         sized = {**sized, "repacked": ensure_copy(path, *repacked_paths(path), say=_say)}
     return load_target(backend, path, n_ctx, threads, sized, opts.device, opts.gpu_memory, opts.ram_memory, largest_tree(on_gpu=False))
 

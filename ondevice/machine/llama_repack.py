@@ -14,14 +14,14 @@ the library and set of weight types (`runs_here`).
 
 It is asked only where the user turns the AMX kernels on (ONDEVICE_AMX=1: `repack_runs`); off by
 default because no answer in RAM got faster with them while the repacked copies cost memory
-(docs/measurements). llama.cpp loads a thread's tile configuration once and trusts it from then on,
+(docs/measurements). Without them a load asks for the CPU_REPACK layouts weight by weight, leaving the
+AMX buffer type out (machine/repack_layouts.py). llama.cpp loads a thread's tile configuration once and trusts it from then on,
 so a context whose model uses them decodes on a thread of its own (llama_backend.LlamaContext): torch's
 bfloat16 matmuls release the calling thread's configuration, and the next AMX pass there would die.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -156,28 +156,3 @@ def repack_runs(model: str | Path) -> bool:
         return False
     types = {t.type_name for t in read_header(model).tensors.values()}
     return runs_here(model, LIB_DIR / "libggml-cpu.so", types)
-
-
-@contextlib.contextmanager
-def weight_layout_guard(model: str | Path | None = None):
-    """For llama-cpp-python's own `Llama()`, which builds its model parameters itself: the weight layout
-    ondevice's loads use here. llama.cpp's repacking (extra buffer types) stays off on AMX CPUs unless
-    it runs there with `model` (`repack_runs`; no model: off on every AMX CPU, the weights left mapped
-    from the file). `Llama()` decodes on its caller's thread: give a model only where no other AMX
-    code (torch's bfloat16 work) runs on that thread."""
-    if not cpu_has_amx() or (model is not None and repack_runs(model)):
-        yield
-        return
-    bindings = llama_cpp.llama_cpp  # the module whose global Llama.__init__ looks the function up in
-    original = bindings.llama_model_default_params
-
-    def guarded():
-        params = original()
-        params.use_extra_bufts = False
-        return params
-
-    bindings.llama_model_default_params = guarded
-    try:
-        yield
-    finally:
-        bindings.llama_model_default_params = original

@@ -23,11 +23,9 @@ differs gets no repacked copy (the streamed layers keep the file's layout, as be
 from __future__ import annotations
 
 import ctypes as C
-import functools
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import NamedTuple
@@ -38,136 +36,28 @@ from ondevice.catalog.stores.derived import source_stamp
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_header import read_header
 from ondevice.llama_backend import LlamaContext, LlamaModel
-from ondevice.machine.llama_repack import ggml_library
+from ondevice.machine.repack_layouts import OFF_BUFFER, OFF_DATA, OFF_NAME, OFF_SRC0, InitParams, P, ggml_libs, pointer_at, repack_buffer_type, repacked_names
 
-P = C.c_void_p
-BLOCK_WEIGHT = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
-OFF_BUFFER, OFF_SRC0, OFF_DATA, OFF_NAME, OFF_EXTRA = 8, 152, 248, 256, 320  # ggml_tensor, checked in _layout
-GGML_TYPE_F32, GGML_TYPE_Q4_K = 0, 12
 DISK_MARGIN = 2 << 30  # free space left after a copy is written
-
-
-class _InitParams(C.Structure):
-    _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", P), ("no_alloc", C.c_bool)]
-
-
-@functools.cache
-def _ggml():
-    """libggml-base and libggml-cpu with the signatures used here: the instances libllama loaded (a
-    second copy would have buffer types of its own, which llama.cpp's scheduler does not know)."""
-    base = C.CDLL(str(ggml_library("libggml-base.so")))
-    cpu = C.CDLL(str(ggml_library("libggml-cpu.so")))
-    sig = {
-        "ggml_init": (P, [_InitParams]), "ggml_free": (None, [P]),
-        "ggml_new_tensor_2d": (P, [P, C.c_int, C.c_int64, C.c_int64]), "ggml_mul_mat": (P, [P, P, P]),
-        "ggml_set_name": (P, [P, C.c_char_p]), "ggml_get_name": (P, [P]), "ggml_nbytes": (C.c_size_t, [P]),
-        "ggml_backend_reg_get_proc_address": (P, [P, C.c_char_p]), "ggml_backend_reg_dev_get": (P, [P, C.c_size_t]),
-        "ggml_backend_buft_name": (C.c_char_p, [P]), "ggml_backend_buft_alloc_buffer": (P, [P, C.c_size_t]),
-        "ggml_backend_buffer_get_base": (P, [P]), "ggml_backend_buffer_free": (None, [P]),
-        "ggml_backend_tensor_alloc": (C.c_int, [P, P, P]), "ggml_backend_tensor_set": (None, [P, P, C.c_size_t, C.c_size_t]),
-        "ggml_backend_buffer_init_tensor": (C.c_int, [P, P]), "ggml_backend_buffer_set_usage": (None, [P, C.c_int]),
-    }  # fmt: skip
-    for name, (restype, argtypes) in sig.items():
-        fn = getattr(base, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    cpu.ggml_backend_cpu_reg.restype = P
-    return base, cpu
-
-
-def _ptr(address: int) -> int | None:
-    return P.from_address(address).value
-
-
-@functools.cache
-def repack_buffer_type() -> int | None:
-    """llama.cpp's CPU_REPACK buffer type on this machine, or None (no such kernels, or a ggml whose
-    tensor struct is not the one this module writes)."""
-    try:
-        base, cpu = _ggml()
-    except (OSError, AttributeError):  # ggml's libraries not where llama-cpp-python ships them on Linux
-        return None
-    reg = cpu.ggml_backend_cpu_reg()
-    proc = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
-    if not proc:
-        return None
-    extra = C.CFUNCTYPE(C.POINTER(P), P)(proc)(base.ggml_backend_reg_dev_get(reg, 0))
-    found, i = None, 0
-    while extra[i]:
-        if base.ggml_backend_buft_name(extra[i]) == b"CPU_REPACK":
-            found = extra[i]
-        i += 1
-    return found if found and _layout(found) else None
-
-
-def _layout(buft: int) -> bool:
-    """Whether ggml's tensor struct has its fields where this module reads and writes them: a tensor
-    named, used in a product and allocated in a CPU_REPACK buffer, read back field by field."""
-    base, _ = _ggml()
-    ctx = base.ggml_init(_InitParams(1 << 20, None, True))
-    try:
-        weight = base.ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_K, 256, 8)  # a type every x86 repacking takes, 8 rows
-        product = base.ggml_mul_mat(ctx, weight, base.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 1))
-        base.ggml_set_name(weight, b"probe")
-        buffer = base.ggml_backend_buft_alloc_buffer(buft, base.ggml_nbytes(weight))
-        try:
-            base.ggml_backend_tensor_alloc(buffer, weight, base.ggml_backend_buffer_get_base(buffer))
-            return (
-                base.ggml_get_name(weight) == weight + OFF_NAME and _ptr(product + OFF_SRC0) == weight
-                and _ptr(weight + OFF_BUFFER) == buffer and _ptr(weight + OFF_DATA) == base.ggml_backend_buffer_get_base(buffer)
-                and bool(_ptr(weight + OFF_EXTRA))
-            )  # fmt: skip
-        finally:
-            base.ggml_backend_buffer_free(buffer)
-    finally:
-        base.ggml_free(ctx)
-
-
-def repacked_names(path: str | Path, tensors: dict | None = None) -> list[str]:
-    """The block weights of a GGUF file llama.cpp would repack on this machine (empty: none, or no
-    CPU_REPACK here). tensors: its header's, where read already."""
-    tensors = read_header(path).tensors if tensors is None else tensors
-    weights = {name: (t.qtype, tuple(t.shape)) for name, t in tensors.items() if BLOCK_WEIGHT.fullmatch(name) and len(t.shape) == 2}
-    return [name for name, fast in zip(weights, repacks_here(list(weights.values()))) if fast]
-
-
-def repacks_here(weights: list[tuple[int, tuple[int, int]]]) -> list[bool]:
-    """For each (ggml type, (columns, rows)) of a weight, whether llama.cpp would repack it on this
-    machine (all False where there is no CPU_REPACK here)."""
-    buft = repack_buffer_type()
-    if buft is None or not weights:
-        return [False] * len(weights)
-    base, _ = _ggml()
-    found = []
-    ctx = base.ggml_init(_InitParams(1 << 20, None, True))
-    buffer = base.ggml_backend_buft_alloc_buffer(buft, 64)  # init_tensor only decides the layout
-    try:
-        for qtype, shape in weights:
-            tensor = base.ggml_new_tensor_2d(ctx, qtype, *shape)
-            base.ggml_backend_buffer_init_tensor(buffer, tensor)
-            found.append(bool(_ptr(tensor + OFF_EXTRA)))
-    finally:
-        base.ggml_backend_buffer_free(buffer)
-        base.ggml_free(ctx)
-    return found
 
 
 class Repacker:
     """llama.cpp's repacking of one weight at a time, in a CPU_REPACK buffer sized for the largest."""
 
     def __init__(self, largest: int):
-        self.base, _ = _ggml()
-        self.ctx = self.base.ggml_init(_InitParams(1 << 20, None, True))
+        self.base, _ = ggml_libs()
+        self.ctx = self.base.ggml_init(InitParams(1 << 20, None, True))
         self.buffer = self.base.ggml_backend_buft_alloc_buffer(repack_buffer_type(), largest)
 
     def __call__(self, qtype: int, shape: tuple[int, int], raw: bytes) -> bytes:
         """The repacked bytes of a (shape) weight of type qtype stored as `raw` in the file."""
         base = self.base
         base.ggml_free(self.ctx)  # one tensor at a time: a fresh context for its header
-        self.ctx = base.ggml_init(_InitParams(1 << 20, None, True))
+        self.ctx = base.ggml_init(InitParams(1 << 20, None, True))
         tensor = base.ggml_new_tensor_2d(self.ctx, qtype, *shape)
         base.ggml_backend_tensor_alloc(self.buffer, tensor, base.ggml_backend_buffer_get_base(self.buffer))
         base.ggml_backend_tensor_set(tensor, raw, 0, len(raw))  # llama.cpp repacks as it sets
-        return C.string_at(_ptr(tensor + OFF_DATA), len(raw))
+        return C.string_at(pointer_at(tensor + OFF_DATA), len(raw))
 
     def close(self) -> None:
         self.base.ggml_backend_buffer_free(self.buffer)
@@ -206,7 +96,7 @@ class RepackMarks:
     first graph node that uses it computes (`see`, from an eval callback's question about a node)."""
 
     def __init__(self, names):
-        base, _ = _ggml()
+        base, _ = ggml_libs()
         self._base = base
         self.buffer = base.ggml_backend_buft_alloc_buffer(repack_buffer_type(), 64)
         base.ggml_backend_buffer_set_usage(self.buffer, 1)  # GGML_BACKEND_BUFFER_USAGE_WEIGHTS
@@ -215,7 +105,7 @@ class RepackMarks:
 
     def see(self, node: int) -> None:
         """A graph node is about to be computed: mark its first source if it is a pending weight."""
-        weight = _ptr(node + OFF_SRC0)
+        weight = pointer_at(node + OFF_SRC0)
         if not weight or weight in self.marked:
             return
         name = C.string_at(weight + OFF_NAME)
@@ -275,8 +165,8 @@ def layout_fingerprint(qtypes) -> str:
 
 
 def _nbytes(qtype: int, shape: tuple[int, int]) -> int:
-    base, _ = _ggml()
-    ctx = base.ggml_init(_InitParams(1 << 16, None, True))
+    base, _ = ggml_libs()
+    ctx = base.ggml_init(InitParams(1 << 16, None, True))
     try:
         return base.ggml_nbytes(base.ggml_new_tensor_2d(ctx, qtype, *shape))
     finally:
