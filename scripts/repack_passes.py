@@ -1,5 +1,6 @@
 """Milliseconds per llama.cpp pass of 1 to 17 tokens in RAM, with llama.cpp's repacked weight layouts
-(where this build runs them: machine/llama_repack.repack_runs) or with the weights as the file stores them.
+(where ggml has them: machine/repack_layouts.py; on a CPU with AMX its AMX kernels with ONDEVICE_AMX=1
+where this build runs them) or with the weights as the file stores them.
 
     python scripts/repack_passes.py MODEL.gguf [--layout repacked|file] [--repeats 9] [--threads 2]
 
@@ -18,6 +19,7 @@ import llama_cpp
 
 from ondevice import llama_backend as lb
 from ondevice.machine import llama_repack
+from ondevice.machine.repack_layouts import layouts_repacked
 
 PROMPT = 200
 NODES = (1, 2, 4, 9, 17)
@@ -48,7 +50,7 @@ def main() -> None:
     start = time.perf_counter()
     ctx.decode(list(range(100, 100 + PROMPT)), list(range(PROMPT)), [0] * PROMPT, [False] * (PROMPT - 1) + [True])
     prefill = time.perf_counter() - start
-    used = "repacked" if repack and llama_repack.repack_runs(args.model) else "file"
+    used = ("repacked, AMX kernels" if llama_repack.repack_runs(args.model) and llama_repack.cpu_has_amx() else "repacked") if repack and layouts_repacked() else "file"
     passes = " ".join(f"{n}:{pass_ms(ctx, n, args.repeats):.1f}" for n in NODES)
     print(f"{model.path.name} layout={used} load {load:.2f}s prefill{PROMPT} {prefill * 1000:.0f}ms ms/pass {passes}", flush=True)
     ctx.close()

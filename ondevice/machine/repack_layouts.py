@@ -152,14 +152,19 @@ class TensorOverride(C.Structure):
 
 def repack_overrides(path: str | Path):
     """The block weights of `path` llama.cpp's CPU_REPACK buffer type takes here, as a
-    NULL-terminated array of tensor buffer overrides (each name matched whole), or None where there
-    are none. For a load that leaves the extra buffer types off (`use_extra_bufts`: on a CPU with AMX,
-    where the AMX one would come first): the interleaved layouts without the tile kernels."""
-    names = repacked_names(path)
-    if not names:
+    NULL-terminated array of tensor buffer overrides, or None where there are none. For a load that
+    leaves the extra buffer types off (`use_extra_bufts`: on a CPU with AMX, where the AMX one would
+    come first): the interleaved layouts without the tile kernels. One pattern per kind of weight,
+    naming its layers (llama.cpp compiles every pattern for every tensor it loads)."""
+    layers: dict[str, list[str]] = {}
+    for name in repacked_names(path):
+        _, layer, kind, _ = name.split(".")
+        layers.setdefault(kind, []).append(layer)
+    if not layers:
         return None
     buft = repack_buffer_type()
-    return (TensorOverride * (len(names) + 1))(*[TensorOverride(f"^{re.escape(n)}$".encode(), buft) for n in names], TensorOverride(None, None))
+    patterns = [f"^blk\\.({'|'.join(found)})\\.{kind}\\.weight$".encode() for kind, found in layers.items()]
+    return (TensorOverride * (len(patterns) + 1))(*[TensorOverride(p, buft) for p in patterns], TensorOverride(None, None))
 
 
 @contextlib.contextmanager
