@@ -107,10 +107,10 @@ def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = Fals
     params.n_gpu_layers = n_gpu_layers
     params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if resident else llama_cpp.LLAMA_LOAD_MODE_MMAP
     params.use_extra_bufts = repack and repack_runs(path)
-    overrides = None  # llama.cpp reads them while it loads
-    if repack and not params.use_extra_bufts and n_gpu_layers == 0 and configure is None:
-        overrides = repack_overrides(path)  # a CPU with AMX: the CPU_REPACK layouts without the AMX buffer type
-        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p) if overrides is not None else None
+    # a CPU with AMX: the CPU_REPACK layouts without the AMX buffer type (held here: llama.cpp reads them while it loads)
+    overrides = repack_overrides(path) if repack and not params.use_extra_bufts and n_gpu_layers == 0 and configure is None else None
+    if overrides is not None:
+        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
     if configure is not None:
         configure(params)
     return _load(path, params)
