@@ -279,3 +279,17 @@ HELDOUT36_CHAT = [
     "How can I help a friend who is nervous about flying?",
     "What should I think about before adopting a cat?",
 ]
+
+HELDOUT37_CODE = [  # written before any run of best-first's leaf margin
+    "Write a Java method that returns the most frequent character in a string.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a JavaScript function that groups an array of objects by a given key.",
+    "Write a SQL query that finds the three highest-paid employees in each department.",
+]
+
+HELDOUT37_CHAT = [
+    "How can I stop putting things off until the last minute?",
+    "What is a good way to introduce myself at a meetup where I know no one?",
+    "How should I prepare for my first week at a new job?",
+    "What can I do on a rainy Sunday that doesn't involve a screen?",
+]
