@@ -35,7 +35,7 @@ def grow(r: Round, alive: set[int], batches: int, batch: int = 8) -> list[int]:
 def test_a_carried_search_gives_the_most_likely_nodes_below_the_new_root(budget, pick):
     lm = MarkovLM(vocab=24, scale=2.0, seed=3)
     r = Round(DraftSpec("best-first", budget), 5, lm)
-    build_best_first(r, r.distributions([0], lm.table[[5]])[0], max_batch=8)
+    build_best_first(r, r.distributions([0], lm.table[[5]])[0], max_batch=8, margin=0.0)
     alive = {0} | {n for n, done in enumerate(r.tree.expanded) if done}
     grown = grow(r, alive, batches=4)
     assert grown
@@ -45,10 +45,10 @@ def test_a_carried_search_gives_the_most_likely_nodes_below_the_new_root(budget,
     assert carried.tokens[0] == r.tree.tokens[root] and carried.expanded[0]
     lm.batches.clear()
     r2 = Round(DraftSpec("best-first", budget), carried.tokens[0], lm, tree=carried)
-    tree = build_best_first(r2, None, max_batch=8)
+    tree = build_best_first(r2, None, max_batch=8, margin=0.0)
     assert token_paths(tree) == exact_top_nodes(lm, carried.tokens[0], budget)
     fresh = Round(DraftSpec("best-first", budget), carried.tokens[0], lm)
-    build_best_first(fresh, fresh.distributions([0], lm.table[[carried.tokens[0]]])[0], max_batch=8)
+    build_best_first(fresh, fresh.distributions([0], lm.table[[carried.tokens[0]]])[0], max_batch=8, margin=0.0)
     assert r2.expansions <= fresh.expansions  # the carried expansions are not done again
     if pick == "best":  # the best grown node's own children were grown too
         assert r2.expansions < fresh.expansions
@@ -57,7 +57,7 @@ def test_a_carried_search_gives_the_most_likely_nodes_below_the_new_root(budget,
 def test_subtree_keeps_only_usable_nodes_and_rebases_scores():
     lm = MarkovLM(vocab=12, seed=1)
     r = Round(DraftSpec("best-first", 8), 2, lm)
-    build_best_first(r, r.distributions([0], lm.table[[2]])[0], max_batch=8)
+    build_best_first(r, r.distributions([0], lm.table[[2]])[0], max_batch=8, margin=0.0)
     expanded = {n for n, done in enumerate(r.tree.expanded) if done}
     child = r.tree.best(1)[0]
     carried, new_id = r.tree.subtree(child, expanded)
@@ -82,7 +82,7 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def drafter(tiny_path) -> LlamaDrafter:
-    return LlamaDrafter(tiny_path, n_ctx=256, threads=1, max_batch=16, max_tree=64)
+    return LlamaDrafter(tiny_path, n_ctx=256, threads=1, max_batch=16, max_tree=64, leaf_margin=0.0)  # the exact search the references check
 
 
 def stop_after(calls: int):
@@ -156,12 +156,12 @@ def test_a_carried_search_honours_the_planned_depth(max_depth):
     lm = MarkovLM(vocab=16, scale=3.0, seed=5)
     spec = DraftSpec("best-first", 10, max_depth=max_depth)
     r = Round(spec, 1, lm)
-    build_best_first(r, r.distributions([0], lm.table[[1]])[0], max_batch=8)
+    build_best_first(r, r.distributions([0], lm.table[[1]])[0], max_batch=8, margin=0.0)
     alive = {0} | {n for n, done in enumerate(r.tree.expanded) if done}
     grown = grow(r, alive, batches=6)
     root = max(grown, key=lambda n: r.tree.scores[n])
     carried, _ = r.tree.subtree(root, alive)
     assert max(carried.depths) > max_depth
-    tree = build_best_first(Round(spec, carried.tokens[0], lm, tree=carried), None, max_batch=8)
+    tree = build_best_first(Round(spec, carried.tokens[0], lm, tree=carried), None, max_batch=8, margin=0.0)
     assert tree.depths.max() <= max_depth
     assert token_paths(tree) == exact_top_nodes(lm, carried.tokens[0], 10, max_depth)

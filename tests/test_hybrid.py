@@ -58,10 +58,11 @@ def random_free(rng, vocab: int, n: int, low: float = -3.0) -> dict[tuple[int, .
     return paths
 
 
-def run_hybrid(lm, root: int, free: dict, budget: int, max_depth=None, max_batch: int = 8, root_row=None) -> DraftTree:
+def run_hybrid(lm, root: int, free: dict, budget: int, max_depth=None, max_batch: int = 8, root_row=None, margin: float = 0.0) -> DraftTree:
+    """margin 0 unless a test says otherwise: the exact search, which the references here check."""
     r = Round(DraftSpec("hybrid", budget, max_depth=max_depth), root, lm)
     root_logp = r.distributions([0], lm.table[[root]] if root_row is None else root_row)[0]
-    return build_hybrid(r, root_logp, free_tree(root, free), max_batch)
+    return build_hybrid(r, root_logp, free_tree(root, free), max_batch, margin=margin)
 
 
 def union_top_nodes(lm: MarkovLM, root: int, free: dict, budget: int, max_depth=None) -> dict[tuple[int, ...], float]:

@@ -47,9 +47,11 @@ def test_next_round_keeps_the_accepted_nodes(tiny_drafter, builder):
     np.testing.assert_allclose(reused, fresh_root_logits(tiny_drafter, new_context), atol=1e-3)
 
 
-def test_best_first_on_llama_cpp_equals_exhaustive_search(tiny_drafter, tiny_path):
+def test_best_first_on_llama_cpp_equals_exhaustive_search(tiny_drafter, tiny_path, monkeypatch):
     """Branches on many path sequences, pruned and released between batches, still give exactly the
-    most likely nodes, scored independently by a LlamaTarget decoding each path."""
+    most likely nodes, scored independently by a LlamaTarget decoding each path (the exact search:
+    no leaf left unexpanded for its margin)."""
+    monkeypatch.setattr(tiny_drafter, "leaf_margin", 0.0)
     context, budget, temperature = [3, 1, 4, 1, 5], 60, 5.0
     tree = tiny_drafter.draft(context, DraftSpec(builder="best-first", budget=budget, temperature=temperature))
     assert len(tree.leaves()) > 10 and tree.depths.max() > 3  # a real tree, not a chain or a star

@@ -235,10 +235,11 @@ class SameEverywhere:
 def test_best_first_is_priced_by_the_calls_its_search_makes(p, budget):
     """The cost model prices best-first's drafting by the calls the real builder makes (draft/builders.py,
     every kept node expanded, in score order, a call per BATCH_SPREAD band), not one per level of the
-    shape: on a steep p (code) a 15-node tree is ~14 calls of one node."""
+    shape: on a steep p (code) a 15-node tree is ~14 calls of one node. (The exact search: with its leaf
+    margin the search makes at most these calls, next test.)"""
     p = np.asarray(p) / np.sum(p)
     drafter = SameEverywhere(p)
-    tree = build_best_first(Round(DraftSpec("best-first", budget), 0, drafter), drafter.row.copy(), max_batch=64)
+    tree = build_best_first(Round(DraftSpec("best-first", budget), 0, drafter), drafter.row.copy(), max_batch=64, margin=0.0)
     ranks = tree.tokens.copy()
     ranks[0] = -1
     calls = [1, *drafter.calls]  # the root's distribution came from the call before (the target's token decoded)
@@ -247,3 +248,15 @@ def test_best_first_is_priced_by_the_calls_its_search_makes(p, budget):
     assert sum(priced) == pytest.approx(sum(calls), rel=0.25)  # (the builder also expands nodes it prunes later)
     if p[0] > 0.8 and budget <= 15:
         assert len(priced) >= budget  # a call per node: the root, then every node the search keeps but the last
+
+
+@pytest.mark.parametrize("p", [[0.86, 0.077, 0.031, 0.012, 0.005], [0.6, 0.2, 0.1, 0.05, 0.03], [0.4, 0.25, 0.15, 0.1, 0.05]])
+@pytest.mark.parametrize("budget", [4, 8, 15, 31, 63])
+def test_the_price_bounds_the_search_with_its_leaf_margin(p, budget):
+    """The search that runs leaves the nodes near the weakest kept one unexpanded: never more calls or
+    rows than the exact search the cost model prices."""
+    p = np.asarray(p) / np.sum(p)
+    exact, margined = SameEverywhere(p), SameEverywhere(p)
+    build_best_first(Round(DraftSpec("best-first", budget), 0, exact), exact.row.copy(), max_batch=64, margin=0.0)
+    build_best_first(Round(DraftSpec("best-first", budget), 0, margined), margined.row.copy(), max_batch=64)
+    assert len(margined.calls) <= len(exact.calls) and sum(margined.calls) <= sum(exact.calls)

@@ -6,12 +6,14 @@ KV cache) to decode batches of nodes; every node decoded in one call is one llam
 - chain:      `budget` tokens, each the most likely (or a sample) after the previous one.
 - best-first: repeatedly expand the kept nodes with the highest cumulative log-prob, up to
               `max_batch` per decode (those within `spread` nats of the best); keep the `budget`
-              best nodes; stop when no unexpanded kept node can have a child that enters the top
-              `budget`. With `spec.max_depth` nodes at that depth are never expanded: the result is
-              the `budget` most likely nodes no deeper than it (the depth the planner priced). Each expansion proposes its top-min(budget, vocab) children, so (up to
-              batch noise) the result is exactly the `budget` most likely nodes of the drafter's
-              full tree, whatever the batching. (If more than 255 expanded branches are alive at
-              once, llama.cpp has no sequence ids left and the search ends with what it has.)
+              best nodes; stop when no unexpanded kept node scores more than `margin` nats above
+              the weakest kept one: a child of such a node enters only if likelier than e^-margin,
+              and then displaces only that weakest node, for a drafter row of its own. With
+              `spec.max_depth` nodes at that depth are never expanded (the depth the planner
+              priced). Each expansion proposes its top-min(budget, vocab) children, so (up to batch
+              noise) with margin 0 the result is exactly the `budget` most likely nodes of the
+              drafter's full tree, whatever the batching. (If more than 255 expanded branches are
+              alive at once, llama.cpp has no sequence ids left and the search ends with what it has.)
 - multi-seq:  θ = p₁,₁·p₂,₁ (top-1 probs at the first two positions of the greedy chain); the
               first-position candidates with probability above θ (at most 8) each start a sequence,
               all drafted greedily in lockstep (one decode per step), `budget // n_seqs` tokens each.
@@ -35,6 +37,10 @@ MULTI_SEQ_MAX_SEQUENCES = 8  # DuoDecoding's cap on first-position candidates
 # others are likely to be pruned before they matter. Same tree, fewer wasted rows
 # (docs/measurements/code-notes.md, "Best-first's batches").
 BATCH_SPREAD = 1.0
+# best-first leaves a kept node unexpanded when it scores no more than LEAF_MARGIN nats above the
+# weakest kept node: its children would rarely enter the tree and then add only as much as the node
+# they displace, for a drafter row each (docs/measurements/code-notes.md, "Best-first's leaves").
+LEAF_MARGIN = 1.0
 
 
 class Columns(Protocol):
@@ -118,7 +124,9 @@ def build_chain(r: Round, root_logp: np.ndarray) -> DraftTree:
     return r.tree.to_draft_tree(range(len(r.tree)))
 
 
-def build_best_first(r: Round, root_logp: np.ndarray | None, max_batch: int, spread: float = BATCH_SPREAD) -> DraftTree:
+def build_best_first(
+    r: Round, root_logp: np.ndarray | None, max_batch: int, spread: float = BATCH_SPREAD, margin: float = LEAF_MARGIN
+) -> DraftTree:
     """root_logp None: r.tree is a carried search whose root is expanded already."""
     budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
     n_children = tree.k if root_logp is None else min(budget, len(root_logp))
@@ -132,7 +140,7 @@ def build_best_first(r: Round, root_logp: np.ndarray | None, max_batch: int, spr
         r.expander.release(tree, {0, *kept})
         frontier = [
             n for n in kept
-            if not tree.expanded[n] and tree.scores[n] > threshold
+            if not tree.expanded[n] and tree.scores[n] > threshold + margin
             and (max_depth is None or tree.depths[n] < max_depth)
         ]  # fmt: skip
         if frontier:  # nodes far below the best one are likely to be pruned before they matter: later

@@ -20,7 +20,7 @@ runs over the union:
   branch in the drafter's cache (tree_cache.DraftKV's path sequences, onnx_cache's slots).
 
 Nodes decoded as ancestors give their distributions too, and they are merged like any other.
-With no free proposals this is `build_best_first` (the same `budget` most likely nodes).
+With no free proposals this is `build_best_first` (the same nodes, the same leaves left unexpanded).
 
 Verification: SpecExec's rule and greedy accept the child equal to the target's own choice, so
 the union is exact for them. Sequoia's rule needs every node's children drawn from the drafter's
@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from ondevice.draft.builders import BATCH_SPREAD, Round
+from ondevice.draft.builders import BATCH_SPREAD, LEAF_MARGIN, Round
 from ondevice.draft.search_tree import SearchTree
 from ondevice.decode.tree import DraftTree
 
@@ -123,7 +123,9 @@ class HybridSearch:
         return batch
 
 
-def build_hybrid(r: Round, root_logp: np.ndarray, free: DraftTree, max_batch: int, spread: float = BATCH_SPREAD) -> DraftTree:
+def build_hybrid(
+    r: Round, root_logp: np.ndarray, free: DraftTree, max_batch: int, spread: float = BATCH_SPREAD, margin: float = LEAF_MARGIN
+) -> DraftTree:
     budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
     k = min(budget, len(root_logp))
     search = HybridSearch(tree, free, r.n_vocab or len(root_logp))
@@ -134,7 +136,7 @@ def build_hybrid(r: Round, root_logp: np.ndarray, free: DraftTree, max_batch: in
         r.expander.release(tree, {0, *kept})
         candidates = [
             n for n in kept
-            if not tree.expanded[n] and n not in search.covered and tree.scores[n] > threshold
+            if not tree.expanded[n] and n not in search.covered and tree.scores[n] > threshold + margin
             and (max_depth is None or tree.depths[n] < max_depth)
         ]  # fmt: skip
         if candidates:  # far below the best one: likely pruned before they matter (as in build_best_first)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ondevice.draft.builders import BATCH_SPREAD
+from ondevice.draft.builders import BATCH_SPREAD, LEAF_MARGIN
 from ondevice.draft.model_drafter import ModelDrafter
 from ondevice.draft.requantized import drafter_weights
 from ondevice.draft.tree_cache import DraftKV
@@ -39,6 +39,7 @@ class LlamaDrafter(ModelDrafter):
         threads: int | None = None,
         max_batch: int = 64,
         batch_spread: float = BATCH_SPREAD,
+        leaf_margin: float = LEAF_MARGIN,
         kv_type: str = "f32",
         n_batch: int = 512,
         vocab_trim: bool = False,
@@ -67,6 +68,7 @@ class LlamaDrafter(ModelDrafter):
         self.max_batch = max_batch
         self.max_tree = max_tree
         self.batch_spread = batch_spread
+        self.leaf_margin = leaf_margin
         self.cache = DraftKV(self.ctx, columns=head)
         self.limit_vocab(target_vocab)
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ondevice.draft.builders import BATCH_SPREAD, Round, build_best_first, build_chain, build_multi_seq
+from ondevice.draft.builders import BATCH_SPREAD, LEAF_MARGIN, Round, build_best_first, build_chain, build_multi_seq
 from ondevice.draft.hybrid import build_hybrid
 from ondevice.draft.search_tree import SearchTree
 from ondevice.errors import OndeviceError
@@ -63,6 +63,7 @@ class ModelDrafter(Drafter):
     max_batch: int
     max_tree: int = MAX_BUDGET  # the biggest tree its buffers are sized for (the memory plan)
     batch_spread: float = BATCH_SPREAD
+    leaf_margin: float = LEAF_MARGIN  # best-first leaves nodes this close to the weakest kept one unexpanded
     last_round: Round | None = None  # the last best-first round, whose search `grow` extends
     carried_fraction = 0.0  # the last draft: share of its tree's expansions carried from the last search
 
@@ -93,7 +94,7 @@ class ModelDrafter(Drafter):
         if root_logits is None:  # the last search, re-rooted here: its root is expanded already
             r = self.last_round = Round(spec, int(context[-1]), self.expander, position=len(context), tree=self.cache.carried)
             carried = {n for n, done in enumerate(r.tree.expanded) if done}
-            tree = build_best_first(r, None, self.max_batch, self.batch_spread)
+            tree = build_best_first(r, None, self.max_batch, self.batch_spread, self.leaf_margin)
             used = len(carried & {0, *r.tree.best(spec.budget, spec.max_depth)})
             self.carried_fraction = used / (used + r.expansions)
             return tree
@@ -106,9 +107,9 @@ class ModelDrafter(Drafter):
         if spec.builder == "multi-seq":
             return build_multi_seq(r, root_logp)
         if spec.builder == "hybrid" and not r.sampled:  # Sequoia's sampled children: the model's tree alone
-            return build_hybrid(r, root_logp, free or DraftTree.root_only(int(context[-1])), self.max_batch, self.batch_spread)
+            return build_hybrid(r, root_logp, free or DraftTree.root_only(int(context[-1])), self.max_batch, self.batch_spread, self.leaf_margin)
         self.last_round = r if top_k else None
-        return build_best_first(r, root_logp, self.max_batch, self.batch_spread)
+        return build_best_first(r, root_logp, self.max_batch, self.batch_spread, self.leaf_margin)
 
     def grows(self, spec: DraftSpec) -> bool:
         """Whether `grow` can extend this spec's search (and the next round carry it)."""

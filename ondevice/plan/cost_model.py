@@ -10,11 +10,13 @@ Per target pass we pay for drafting and for verifying, and we emit E = E[accepte
 with n = budget + 1 tree nodes (the root too), E from Sequoia's DP (sequoia.py) or the chain formula,
 and t_draft the drafter's calls, each at the profile's time for its width (a call timed with the
 search's work on its rows: `ModelDrafter.probe_batch`): a chain's `budget` calls of one node;
-best-first's as its search makes them growing the priced shape (`best_first_batches`): it expands
+best-first's as its exact search makes them growing the priced shape (`best_first_batches`): it expands
 every node it keeps, leaves included (to learn that their children do not enter the tree), in score
 order, each call the waiting nodes within BATCH_SPREAD nats of the best — one call per node where the
 drafter is sure, fewer and wider where it is not, more than the shape's levels wherever it branches
-(docs/measurements/2026-12-06-drafting-priced-per-call.md).
+(docs/measurements/2026-12-06-drafting-priced-per-call.md). The search that runs leaves the nodes
+within LEAF_MARGIN of the weakest kept one unexpanded (draft/builders.py): fewer rows, so the price
+is an upper bound, which the planner's measured rounds then correct.
 The first call also catches up: the accepted path's last drafted token was proposed but never
 decoded, so when the path ends there (p of the top-1 path) that call decodes 2 tokens, not 1
 (docs/measurements/code-notes.md, "The drafter's catch-up").
