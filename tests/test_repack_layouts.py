@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 
-
 import llama_cpp
 import pytest
 
