@@ -293,3 +293,17 @@ HELDOUT37_CHAT = [
     "How should I prepare for my first week at a new job?",
     "What can I do on a rainy Sunday that doesn't involve a screen?",
 ]
+
+HELDOUT38_CODE = [  # written before any run on the AVX2 EPYC of 2026-12-07
+    "Write a Python function that checks whether a string is a valid IPv4 address.",
+    "Write a C function that reverses a singly linked list in place.",
+    "Write a TypeScript function that removes duplicate objects from an array by their id field.",
+    "Write a Python function that returns the longest common prefix of a list of strings.",
+]
+
+HELDOUT38_CHAT = [
+    "How do I keep a conversation going with someone who gives short answers?",
+    "What should I pack for a weekend of camping in autumn?",
+    "How can I get better at remembering people's names?",
+    "What is a simple way to start saving money each month?",
+]
