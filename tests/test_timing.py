@@ -113,6 +113,20 @@ def test_useless_sizes_are_not_timed():
     assert max(timing.samples) == 4
 
 
+def test_one_stall_where_the_sweep_would_stop_does_not_stop_it():
+    """A stall of the first call of a size (a page fault, a collection) would make it look too slow
+    to be worth timing larger sizes: the size is sampled once more before the sweep stops."""
+    made: list[int] = []
+
+    def call(n: int) -> None:
+        made.append(n)
+        time.sleep(0.12 if made.count(4) == 1 and n == 4 else 0.001 * n)
+
+    timing = time_sizes((1, 2, 4, 8, 16, 32), call, enough=lambda t, n: t.seconds(n) > 10 * t.seconds(1), pause=0.0)
+    assert 8 in timing.samples and timing.seconds(4) < 0.05
+    assert 32 not in timing.samples  # 16 ms > 10 × 1 ms, twice: larger sizes are still not timed
+
+
 def test_quiet_samples_win_over_disturbed_ones():
     timing = Timing({1: [Sample(0.5, 0.5, 0.5), Sample(0.1, 0.1, 0.0)], 2: [Sample(0.3, 0.3, 0.3)]})
     assert timing.seconds(1) == 0.1 and timing.seconds(2) == 0.3

@@ -188,8 +188,11 @@ def timing_steps(
         if not timing.samples[n]:
             timing.samples[n].append(_sample(call, n, _calls_for(first.seconds), meter))
         yield n
-        if enough is not None and enough(timing, n):
-            break
+        if enough is not None and enough(timing, n):  # once more before stopping: one stall must not end the sweep
+            timing.samples[n].append(_sample(call, n, _calls_for(per_call[n]), meter))
+            yield n
+            if enough(timing, n):
+                break
     timing.sweeps = 1
     while timing.sweeps < max(sweeps, MAX_SWEEPS):
         wanted = [n for n in timing.samples if timing.sweeps < sweeps or timing.quiet_count(n) < min(MIN_QUIET, sweeps)]
