@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-BUFFER = 64 << 20  # the reads cycle through this much memory
+BUFFER = 64 << 20  # the reads cycle through this much memory (or one read's, if larger)
 
 
 def busy(stop: threading.Event) -> None:
@@ -29,12 +29,11 @@ def busy(stop: threading.Event) -> None:
         a @ a
 
 
-def read_once(path: str, readers: int, chunk: int, total: int, view: memoryview) -> tuple[float, float]:
-    """(seconds, system CPU seconds) to read `total` bytes of `path` with O_DIRECT."""
+def read_once(path: str, readers: int, chunk: int, total: int, view: memoryview) -> tuple[int, float, float]:
+    """(bytes, seconds, system CPU seconds) reading about `total` bytes of `path` with O_DIRECT."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    size = os.path.getsize(path)
-    offsets = range(0, min(total, size - chunk), chunk)
-    pieces = [view[i * chunk : (i + 1) * chunk] for i in range(BUFFER // chunk)]
+    offsets = range(0, min(total, os.path.getsize(path) - chunk + 1), chunk)
+    pieces = [view[i * chunk : (i + 1) * chunk] for i in range(len(view) // chunk)]
 
     def read(i: int, offset: int) -> int:
         return os.preadv(fd, [pieces[i % len(pieces)]], offset)
@@ -44,7 +43,7 @@ def read_once(path: str, readers: int, chunk: int, total: int, view: memoryview)
         list(pool.map(read, range(len(offsets)), offsets))
     seconds, c1 = time.perf_counter() - t0, os.times()
     os.close(fd)
-    return seconds, c1.system - c0.system
+    return len(offsets) * chunk, seconds, c1.system - c0.system
 
 
 def main() -> None:
@@ -55,9 +54,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     settings = [tuple(int(x) for x in s.split("x")) for s in args.settings.split(",")]
+    room = max(BUFFER, max(mb for _, mb in settings) << 20)
     memfd = os.memfd_create("read-sizes")
-    os.ftruncate(memfd, BUFFER)
-    view = memoryview(mmap.mmap(memfd, BUFFER))
+    os.ftruncate(memfd, room)
+    view = memoryview(mmap.mmap(memfd, room))
     total = args.mb << 20
     for r in range(args.rounds):
         for cpu in ("idle", "2 busy"):
@@ -66,8 +66,8 @@ def main() -> None:
             for t in burners:
                 t.start()
             for readers, mb in settings:
-                seconds, system = read_once(args.path, readers, mb << 20, total, view)
-                print(f"round {r + 1}  CPU {cpu:6s}  {readers} x {mb:2d} MB: {total / seconds / 1e9:5.2f} GB/s  (system CPU {system:.2f} s)")
+                moved, seconds, system = read_once(args.path, readers, mb << 20, total, view)
+                print(f"round {r + 1}  CPU {cpu:6s}  {readers} x {mb:2d} MB: {moved / seconds / 1e9:5.2f} GB/s  (system CPU {system:.2f} s)")
             stop.set()
             for t in burners:
                 t.join()
