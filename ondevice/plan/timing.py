@@ -25,7 +25,8 @@ during such a minute is wrong for as long as it is kept. So the calls are timed 
   layers over its first passes after loading, so a timing after one warm-up call is still far too
   slow (docs/measurements/code-notes.md, "Timing on a shared machine").
 - **Useless sizes are skipped**: the first sweep goes up in n and stops growing once `enough`
-  says so (the profile stops where no draft tree could pay for a pass that slow).
+  says so twice for the same size, sampled again in between (the profile stops where no draft tree
+  could pay for a pass that slow; one stall of a call is not such a pass).
 
 If the machine stays busy, `Timing.busy` says so with others' cores, and the caller keeps the curve
 as provisional and measures again later. `timing_steps` is a generator that yields after every
