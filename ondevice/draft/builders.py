@@ -24,7 +24,7 @@ with `sample_children` children are drawn without replacement from q (Gumbel top
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Container, Protocol, Sequence
 
 import numpy as np
 
@@ -124,27 +124,37 @@ def build_chain(r: Round, root_logp: np.ndarray) -> DraftTree:
     return r.tree.to_draft_tree(range(len(r.tree)))
 
 
+def search_step(r: Round, spread: float, margin: float, skip: Container[int] = ()) -> tuple[list[int], float, list[int]]:
+    """One step of a best-first search over r.tree (best-first's and the hybrid's): (the `budget` best
+    nodes within the planned depth, best first; the weakest one's score, -inf while there are fewer;
+    the kept nodes to expand next). Those are unexpanded, not in `skip`, above the planned depth, more
+    than `margin` nats above the weakest kept node, and within `spread` nats of the best of them.
+    The drafter's cache lets go of every node not kept."""
+    budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
+    kept = tree.best(budget, max_depth)
+    threshold = tree.scores[kept[-1]] if len(kept) == budget else -np.inf
+    r.expander.release(tree, {0, *kept})
+    waiting = [
+        n for n in kept
+        if not tree.expanded[n] and n not in skip and tree.scores[n] > threshold + margin
+        and (max_depth is None or tree.depths[n] < max_depth)
+    ]  # fmt: skip
+    if waiting:  # nodes far below the best one are likely to be pruned before they matter: later
+        waiting = [n for n in waiting if tree.scores[n] >= tree.scores[waiting[0]] - spread]
+    return kept, threshold, waiting
+
+
 def build_best_first(
     r: Round, root_logp: np.ndarray | None, max_batch: int, spread: float = BATCH_SPREAD, margin: float = LEAF_MARGIN
 ) -> DraftTree:
     """root_logp None: r.tree is a carried search whose root is expanded already."""
-    budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
+    budget, tree = r.spec.budget, r.tree
     n_children = tree.k if root_logp is None else min(budget, len(root_logp))
     if root_logp is not None:
         r.add(0, root_logp, n_children)
         tree.k = 0 if r.sampled else n_children  # what a carried search knows of each expanded node
     while True:
-        kept = tree.best(budget, max_depth)
-        full = len(kept) == budget
-        threshold = tree.scores[kept[-1]] if full else -np.inf
-        r.expander.release(tree, {0, *kept})
-        frontier = [
-            n for n in kept
-            if not tree.expanded[n] and tree.scores[n] > threshold + margin
-            and (max_depth is None or tree.depths[n] < max_depth)
-        ]  # fmt: skip
-        if frontier:  # nodes far below the best one are likely to be pruned before they matter: later
-            frontier = [n for n in frontier if tree.scores[n] >= tree.scores[frontier[0]] - spread]
+        kept, threshold, frontier = search_step(r, spread, margin)
         frontier = frontier[: min(max_batch, r.expander.free_capacity())]
         if not frontier:
             return tree.to_draft_tree(kept)

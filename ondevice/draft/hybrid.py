@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from ondevice.draft.builders import BATCH_SPREAD, LEAF_MARGIN, Round
+from ondevice.draft.builders import BATCH_SPREAD, LEAF_MARGIN, Round, search_step
 from ondevice.draft.search_tree import SearchTree
 from ondevice.decode.tree import DraftTree
 
@@ -126,21 +126,11 @@ class HybridSearch:
 def build_hybrid(
     r: Round, root_logp: np.ndarray, free: DraftTree, max_batch: int, spread: float = BATCH_SPREAD, margin: float = LEAF_MARGIN
 ) -> DraftTree:
-    budget, tree, max_depth = r.spec.budget, r.tree, r.spec.max_depth
-    k = min(budget, len(root_logp))
+    tree, k = r.tree, min(r.spec.budget, len(root_logp))
     search = HybridSearch(tree, free, r.n_vocab or len(root_logp))
     search.merge(0, *r.top(root_logp, k), -np.inf)
     while True:
-        kept = tree.best(budget, max_depth)
-        threshold = tree.scores[kept[-1]] if len(kept) == budget else -np.inf
-        r.expander.release(tree, {0, *kept})
-        candidates = [
-            n for n in kept
-            if not tree.expanded[n] and n not in search.covered and tree.scores[n] > threshold + margin
-            and (max_depth is None or tree.depths[n] < max_depth)
-        ]  # fmt: skip
-        if candidates:  # far below the best one: likely pruned before they matter (as in build_best_first)
-            candidates = [n for n in candidates if tree.scores[n] >= tree.scores[candidates[0]] - spread]
+        kept, threshold, candidates = search_step(r, spread, margin, skip=search.covered)
         nodes = search.batch(candidates, min(max_batch, r.expander.free_capacity()))
         if not nodes:
             return tree.to_draft_tree(kept)
