@@ -307,3 +307,17 @@ HELDOUT38_CHAT = [
     "How can I get better at remembering people's names?",
     "What is a simple way to start saving money each month?",
 ]
+
+HELDOUT39_CODE = [  # written before any run of the drafter's wider keep set
+    "Write a Go function that counts the words in a string, ignoring punctuation.",
+    "Write a Python function that returns the n-th Fibonacci number using memoization.",
+    "Write a C# method that checks whether a year is a leap year.",
+    "Write a Python function that splits a list into chunks of a given size.",
+]
+
+HELDOUT39_CHAT = [
+    "How can I make my mornings less rushed before work?",
+    "What are some ways to make new friends after moving to a new city?",
+    "How do I ask my neighbor politely to keep the noise down at night?",
+    "What should I know before buying my first bicycle for commuting?",
+]
