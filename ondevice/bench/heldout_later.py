@@ -321,3 +321,17 @@ HELDOUT39_CHAT = [
     "How do I ask my neighbor politely to keep the noise down at night?",
     "What should I know before buying my first bicycle for commuting?",
 ]
+
+HELDOUT40_CODE = [  # written before any run of the drafter's larger keep set under a memory limit
+    "Write a Python function that converts a temperature from Celsius to Fahrenheit and back.",
+    "Write a JavaScript function that debounces another function by a given delay.",
+    "Write a Python function that finds all pairs in a list that add up to a target sum.",
+    "Write a Rust function that counts how many times each word appears in a text.",
+]
+
+HELDOUT40_CHAT = [
+    "How can I keep my houseplants alive while I travel for two weeks?",
+    "What is a good way to explain my job to my grandparents?",
+    "How do I start running if I have never exercised regularly?",
+    "What should I consider when choosing a name for a small bakery?",
+]
