@@ -324,7 +324,7 @@ HELDOUT39_CHAT = [
 
 HELDOUT40_CODE = [  # written before any run of the drafter's larger keep set under a memory limit
     "Write a Python function that converts a temperature from Celsius to Fahrenheit and back.",
-    "Write a JavaScript function that debounces another function by a given delay.",
+    "Write a JavaScript function that formats a number of seconds as hours, minutes and seconds.",
     "Write a Python function that finds all pairs in a list that add up to a target sum.",
     "Write a Rust function that counts how many times each word appears in a text.",
 ]
