@@ -1,13 +1,15 @@
 """`ondevice bench` with one of its fixed settings changed, to measure what the setting is worth.
 
-    python scripts/bench_with.py [--batch-spread NATS] [--leaf-margin NATS] [--readers N] [--chunk-mb MB] -- BENCH ARGS...
+    python scripts/bench_with.py [--batch-spread NATS] [--leaf-margin NATS] [--readers N] [--chunk-mb MB] [--tree-sizes N,N] -- BENCH ARGS...
 
 --batch-spread: best-first's BATCH_SPREAD (draft/builders.py: a drafter call decodes the waiting nodes
     within this many nats of the best one);
 --leaf-margin: best-first's LEAF_MARGIN (draft/builders.py: kept nodes this close to the weakest kept
     one are left unexpanded; 0 is the exact search);
 --readers, --chunk-mb: the direct-read window's READERS and CHUNK (targets/direct_window.py: O_DIRECT
-    reads in flight at once, bytes a read).
+    reads in flight at once, bytes a read);
+--tree-sizes: the memory plan's TREE_SIZES (loading/memory.py: the largest trees a streaming target's
+    buffers may be sized for, largest first; the plan takes the largest that keeps the LM head in RAM).
 
 Everything after `--` goes to `ondevice bench` as it is, e.g.
 
@@ -22,6 +24,7 @@ import sys
 
 from ondevice.cli.app import main as ondevice_main
 from ondevice.draft import llama_drafter
+from ondevice.loading import memory
 from ondevice.targets import direct_window
 
 
@@ -43,6 +46,7 @@ def main() -> None:
     parser.add_argument("--leaf-margin", type=float)
     parser.add_argument("--readers", type=int)
     parser.add_argument("--chunk-mb", type=int)
+    parser.add_argument("--tree-sizes", type=lambda text: tuple(int(n) for n in text.split(",")))
     args = parser.parse_args(argv[:cut])
     drafter_settings = {"batch_spread": args.batch_spread, "leaf_margin": args.leaf_margin}
     set_drafters(**{k: v for k, v in drafter_settings.items() if v is not None})
@@ -50,6 +54,8 @@ def main() -> None:
         direct_window.READERS = args.readers
     if args.chunk_mb is not None:
         direct_window.CHUNK = args.chunk_mb << 20
+    if args.tree_sizes is not None:
+        memory.TREE_SIZES = args.tree_sizes
     sys.argv = ["ondevice", "bench", *argv[cut + 1 :]]
     ondevice_main()
 
