@@ -183,6 +183,33 @@ def test_a_streaming_target_drafts_with_the_trimmed_drafter_its_catalog_ships(ti
         assert streamed == answer(alone, None)[0]
 
 
+def test_a_drafter_trimmed_to_an_earlier_shipped_set_is_trimmed_again_and_a_users_own_trim_stays(tiny_home, monkeypatch):
+    drafter, keep = ship_tiny_keep_set(tiny_home, monkeypatch)
+    sha256, record = build.file_sha256(drafter), build.trimmed_paths(drafter)[1]
+    earlier = np.union1d(build.always_kept_ids(gguf.GGUFReader(drafter)), np.arange(1, 320, 3))
+    build.build_trimmed(drafter, earlier, f"an earlier catalog's set {shipped.SHIPPED_NOTE}")
+    assert shipped.trim_for_streaming("tiny", drafter, sha256)
+    assert build.TrimmedVocab.load(record).keep_ids == tuple(int(i) for i in keep)
+    assert not shipped.trim_for_streaming("tiny", drafter, sha256)  # now the shipped set's: nothing to write
+    build.build_trimmed(drafter, earlier, "test: the user's own calibration")
+    assert not shipped.trim_for_streaming("tiny", drafter, sha256)
+    assert build.TrimmedVocab.load(record).keep_ids == tuple(int(i) for i in earlier)
+
+
+def test_a_load_plans_for_the_drafter_trimmed_again_during_it(tiny_home, monkeypatch):
+    """The load's first plan (does the target stream?) sees the drafter trimmed to an earlier shipped
+    set; the plan it loads with must count the drafter trimmed again, not the file of that name before."""
+    drafter, keep = ship_tiny_keep_set(tiny_home, monkeypatch)
+    fewer = np.union1d(build.always_kept_ids(gguf.GGUFReader(drafter)), np.arange(0, 320, 6))
+    build.build_trimmed(drafter, fewer, f"an earlier catalog's set {shipped.SHIPPED_NOTE}")
+    trimmed, record = build.trimmed_paths(drafter)
+    before = trimmed.stat().st_size
+    stream_tiny_target(tiny_home, monkeypatch)
+    with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=True) as pipe:
+        assert build.TrimmedVocab.load(record).keep_ids == tuple(int(i) for i in keep)
+        assert pipe.memory.drafter_bytes == trimmed.stat().st_size > before
+
+
 DISK_BOUND = curve({1: 0.80, 2: 0.80, 4: 0.81, 8: 0.83, 16: 0.86, 32: 0.92, 64: 1.02})  # a streamed pass: the disk dominates
 
 

@@ -1,6 +1,6 @@
 """The drafter's RAM or more of the target's layers: which pays, where the target streams from disk.
 
-Under a memory limit the drafter's weights and buffers (~300 MB for the default pair) take room the
+Under a memory limit the drafter's weights and buffers (~330 MB for the default pair) take room the
 target's layers would otherwise keep in the page cache. Without the drafter a streamed pass reads
 less (its buffers sized for the free drafters' trees of a few nodes), so one token per pass can beat
 several per dearer pass (docs/measurements/2026-11-27-drafter-or-layers.md).

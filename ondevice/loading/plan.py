@@ -71,7 +71,7 @@ class MemoryPlans:
 
     def __init__(self, files: PairFiles, opts: LoadOptions, process_bytes: int | None = None):
         self.files, self.opts, self.process_bytes = files, opts, process_bytes
-        self._sizes: dict[Path, ModelSize] = {}
+        self._sizes: dict[tuple[Path, int, int], ModelSize] = {}
         self._plans: dict[tuple, MemoryPlan] = {}
         self.split: RpcSplit | None = None  # --rpc: the split of the last plan made
 
@@ -82,9 +82,10 @@ class MemoryPlans:
         return lean
 
     def size(self, path: Path) -> ModelSize:
-        if path not in self._sizes:
-            self._sizes[path] = ModelSize.from_gguf(path)
-        return self._sizes[path]
+        key = file_identity(path)
+        if key not in self._sizes:
+            self._sizes[key] = ModelSize.from_gguf(path)
+        return self._sizes[key]
 
     def drafter_file(self, requantized: bool = True) -> Path | None:
         """The GGUF a llama.cpp drafter of these files loads: its trimmed vocabulary where one is
@@ -101,7 +102,7 @@ class MemoryPlans:
         if backend != "llama":
             return None
         drafter = self.drafter_file() if drafter_backend == "llama" else self.files.drafter  # an ONNX drafter is counted as its GGUF
-        key = (drafter, n_ctx or self.opts.context)
+        key = (file_identity(drafter) if drafter is not None else None, n_ctx or self.opts.context)
         if key not in self._plans:
             sizes = self.size(drafter) if drafter is not None else None
             if self.opts.rpc is not None:  # the target's layers across this machine and the workers
@@ -109,6 +110,13 @@ class MemoryPlans:
             else:
                 self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
         return self._plans[key]
+
+
+def file_identity(path: Path) -> tuple[Path, int, int]:
+    """A file as the plans know it: a drafter trimmed or requantized again during the load (a newer
+    keep set shipped) keeps its name, and its size must then be read again."""
+    stat = Path(path).stat()
+    return Path(path), stat.st_size, stat.st_mtime_ns
 
 
 def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, process_bytes: int | None = None) -> MemoryPlan:

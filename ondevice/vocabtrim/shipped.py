@@ -6,7 +6,8 @@ the trimmed drafter matters: it holds 191 MB less of the default pair's drafter 
 keeps target layers cached (fewer bytes read per pass). So a catalog pair ships the keep set its
 calibration chose (`catalog/models/<pair>.vocab-trim.json`, written by `export`), and
 `trim_for_streaming` writes the trimmed GGUF from it — a slice of the drafter's own rows, no model
-run — when the target streams and the drafter file is the one the set was built for (sha256).
+run — when the target streams and the drafter file is the one the set was built for (sha256), and
+again where the catalog now ships another set than the one a drafter was trimmed to.
 
     python -m ondevice.eval.ship_keep_set qwen2.5-coder-1.5b   # ship the set `quant vocab-trim` built here
 """
@@ -24,6 +25,7 @@ from ondevice.paths import inside, warn, write_json
 from ondevice.vocabtrim.build import TrimmedVocab, build_trimmed, find_trimmed, trimmed_paths
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "catalog" / "models"
+SHIPPED_NOTE = "(shipped with ondevice's catalog)"  # ends the calibration words of a drafter trimmed from a shipped set
 
 
 def shipped_path(pair: str) -> Path:
@@ -46,6 +48,12 @@ def shipped_keep_ids(pair: str, drafter_sha256: str) -> tuple[np.ndarray, str] |
     path = shipped_path(pair)
     if not path.exists():
         return None
+    return read_keep_set(path, drafter_sha256)
+
+
+def read_keep_set(path: Path, drafter_sha256: str) -> tuple[np.ndarray, str] | None:
+    """(keep_ids, how they were chosen) of a keep set written by `export`, or None if it was made for
+    another drafter file."""
     shipped = json.loads(path.read_text())
     if shipped["drafter_sha256"] != drafter_sha256:
         return None
@@ -56,18 +64,20 @@ def shipped_keep_ids(pair: str, drafter_sha256: str) -> tuple[np.ndarray, str] |
 
 
 def trim_for_streaming(pair: str, drafter: Path, drafter_sha256: str | None, show=None) -> bool:
-    """Write the trimmed drafter from the shipped keep set when none is built yet; True if it wrote
-    one. show(message): a status line while it writes (parsing and slicing the drafter, seconds)."""
-    if drafter_sha256 is None or find_trimmed(drafter) is not None:
+    """Write the trimmed drafter from the shipped keep set where none is built yet, or where the one
+    built was cut from a keep set the catalog shipped before (a drafter trimmed by `ondevice quant
+    vocab-trim` stays); True if it wrote one. show(message): a status line while it writes (parsing
+    and slicing the drafter, seconds)."""
+    if drafter_sha256 is None:
         return False
     shipped = shipped_keep_ids(pair, drafter_sha256)
-    if shipped is None:
+    if shipped is None or not _needs_writing(drafter, shipped[0]):
         return False
     keep_ids, calibration = shipped
     if show is not None:
         show(f"writing the trimmed-vocabulary drafter {trimmed_paths(drafter)[0].name} (once: it leaves RAM to the target)")
     try:
-        build_trimmed(drafter, keep_ids, f"{calibration} (shipped with ondevice's catalog)")
+        build_trimmed(drafter, keep_ids, f"{calibration} {SHIPPED_NOTE}")
     except OSError as err:  # a read-only or full models folder: the full drafter drafts, as in RAM
         trimmed = trimmed_paths(drafter)[0]
         trimmed.with_name(trimmed.name + ".partial").unlink(missing_ok=True)
@@ -75,3 +85,10 @@ def trim_for_streaming(pair: str, drafter: Path, drafter_sha256: str | None, sho
         return False
     return True
 
+
+def _needs_writing(drafter: Path, keep_ids: np.ndarray) -> bool:
+    """No trimmed drafter is built, or the one built came from another keep set of the catalog's."""
+    if find_trimmed(drafter) is None:
+        return True
+    built = TrimmedVocab.load(trimmed_paths(drafter)[1])
+    return built.calibration.endswith(SHIPPED_NOTE) and built.keep_ids != tuple(int(i) for i in keep_ids)
