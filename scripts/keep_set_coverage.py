@@ -8,8 +8,8 @@ tokens are looked up in the keep sets: the pair's shipped set (--shipped, if its
 DRAFTER file) and, for each K, the set `ondevice quant vocab-trim --k K` would keep with no
 calibration counts at all (the always-kept ids, then the lowest ids: the order the ties of every
 calibration fall back to), and any --keep-set file written as the catalog ships them (an earlier
-commit's, `git show REV:models/PAIR.vocab-trim.json > FILE`). A drafted token outside the set can never be proposed, so a chain stops
-there whatever the drafter thinks.
+commit's: `git show REV:models/PAIR.vocab-trim.json > FILE`). A token outside the set can never be
+drafted, so a chain stops there whatever the drafter thinks.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def main() -> None:
     parser.add_argument("--shipped", default="qwen2.5-coder-1.5b", help="the catalog pair whose shipped set to check ('' for none)")
     parser.add_argument("--keep-set", action="append", default=[], help="a keep set file in the catalog's format")
     args = parser.parse_args()
-    always = always_kept_ids(gguf.GGUFReader(args.drafter))
-    counts = np.zeros(n_vocab(args.drafter))
+    reader = gguf.GGUFReader(args.drafter)
+    always = always_kept_ids(reader)
+    counts = np.zeros(len(reader.fields["tokenizer.ggml.tokens"].data))
     sets = {f"ids only, K={k}": top_k_tokens(counts, int(k), always) for k in args.k.split(",")}
     sha256 = file_sha256(Path(args.drafter))
     shipped = shipped_keep_ids(args.shipped, sha256) if args.shipped else None
@@ -66,10 +67,6 @@ def main() -> None:
     for label, keep in sets.items():
         print(label.ljust(24) + "".join(f"{coverage(t, keep):18.2%}" for t in tokens.values()))
     print("tokens".ljust(24) + "".join(f"{len(t):18d}" for t in tokens.values()))
-
-
-def n_vocab(drafter: str) -> int:
-    return len(gguf.GGUFReader(drafter).fields["tokenizer.ggml.tokens"].data)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 `ondevice quant vocab-trim` chooses the kept tokens by running the target on calibration prompts —
 minutes where the target fits in RAM, far longer where it streams from disk, which is exactly where
-the trimmed drafter matters: it holds 191 MB less of the default pair's drafter in RAM, room that
+the trimmed drafter matters: it holds 139 MB less of the default pair's drafter in RAM, room that
 keeps target layers cached (fewer bytes read per pass). So a catalog pair ships the keep set its
 calibration chose (`catalog/models/<pair>.vocab-trim.json`, written by `export`), and
 `trim_for_streaming` writes the trimmed GGUF from it — a slice of the drafter's own rows, no model
