@@ -44,7 +44,7 @@ def quant() -> None:
 @app.command("vocab-trim")
 def vocab_trim_command(
     model: opt.Model = None,
-    k: K = 32768,
+    k: K = 65536,
     max_tokens: CalibrationTokens = 256,
     prompts: Prompts = len(CALIBRATION),
     eval_prompts: EvalPrompts = 0,
