@@ -3,7 +3,7 @@
     python scripts/keep_set_coverage.py TARGET.gguf DRAFTER.gguf --prompts heldout33-code,heldout33-chat \\
         [--max-tokens 64] [--k 32768,49152,65536] [--shipped PAIR] [--keep-set FILE ...]
 
-The target answers each prompt greedily in RAM (one token a pass, `greedy_reference`); each answer's
+The target answers each prompt greedily in RAM, as `quant vocab-trim` calibrates; each answer's
 tokens are looked up in the keep sets: the pair's shipped set (--shipped, if its drafter is this
 DRAFTER file) and, for each K, the set `ondevice quant vocab-trim --k K` would keep with no
 calibration counts at all (the always-kept ids, then the lowest ids: the order the ties of every
@@ -20,26 +20,18 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ondevice.bench.prompt_sets import SETS, messages
-from ondevice.decode.reference import greedy_reference
-from ondevice.prompt.tokenizer import Tokenizer
-from ondevice.targets.llama_target import LlamaTarget
-from ondevice.vocabtrim.build import always_kept_ids, coverage, file_sha256, top_k_tokens
+from ondevice.bench.prompt_sets import SETS
+from ondevice.vocabtrim.build import always_kept_ids, calibration_token_counts, coverage, file_sha256, top_k_tokens
 from ondevice.vocabtrim.shipped import read_keep_set, shipped_keep_ids
 
 
 def answers(target_path: str, names: list[str], max_tokens: int) -> dict[str, np.ndarray]:
-    """Every token of the target's greedy answers, by prompt set."""
-    tokenizer = Tokenizer(target_path)
-    target = LlamaTarget(target_path, n_ctx=1024, threads=2)
-    try:
-        out = {}
-        for name in names:
-            ids = [greedy_reference(target, tokenizer.encode_chat(messages(p)), max_tokens, tokenizer.is_end) for p in SETS[name]]
-            out[name] = np.concatenate([np.asarray(a, dtype=np.int64) for a in ids])
-        return out
-    finally:
-        target.close()
+    """Every token of the target's greedy answers, by prompt set (as `quant vocab-trim` calibrates)."""
+    prompts = [(name, p) for name in names for p in SETS[name]]
+    found: dict[str, list[int]] = {name: [] for name in names}
+    calibration_token_counts(target_path, [p for _, p in prompts], max_tokens,
+                             on_prompt=lambda index, answer: found[prompts[index][0]].extend(answer))
+    return {name: np.asarray(ids, dtype=np.int64) for name, ids in found.items()}
 
 
 def main() -> None:
