@@ -335,3 +335,17 @@ HELDOUT40_CHAT = [
     "How do I start running if I have never exercised regularly?",
     "What should I consider when choosing a name for a small bakery?",
 ]
+
+HELDOUT41_CODE = [  # written before any run with the disk's reads capped
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a TypeScript function that groups an array of objects by one of their keys.",
+    "Write a Python function that checks whether a string is a valid IPv4 address.",
+    "Write a C function that reverses a singly linked list in place.",
+]
+
+HELDOUT41_CHAT = [
+    "How can I get better at remembering the names of people I meet?",
+    "What are some easy dinners to cook when I am tired after work?",
+    "How should I prepare for my first job interview after university?",
+    "What can I do on a rainy weekend with two young children at home?",
+]
