@@ -2,6 +2,7 @@
 
     python -m ondevice.eval.lowmem --cgroup 1.4GB -- ondevice generate "..." --json
     python -m ondevice.eval.lowmem --balloon 20GiB -- ondevice bench ...
+    python -m ondevice.eval.lowmem --cgroup 0.9GB --read-bps 1GB -- ondevice bench ...
 
 --cgroup LIMIT  (Linux, root or a delegated cgroup) runs the command in a memory cgroup of its own
     whose limit counts the command's page cache as well as its own memory: a model file larger than
@@ -14,6 +15,9 @@
     it, the run was not constrained and is discarded (exit status 3). The balloon stops by itself
     after --timeout seconds or when this script dies. It squeezes every process on the machine, so
     keep it to a quiet machine.
+--read-bps RATE  (with either, or alone) caps the command's reads from the disk holding the model
+    files at RATE bytes a second (`slow_disk.py`): the disk-bound regime of a model many times larger
+    than memory, the same in every run. Alone, it drops the model files' cached pages first too.
 
 The report (one JSON object) goes to stderr, or to --report FILE; the command's own output is
 untouched. Exit status: the command's, or 3 when the constraint did not hold.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import mmap
 import os
@@ -30,9 +35,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ondevice.errors import OndeviceError
+from ondevice.eval.slow_disk import ReadThrottle, whole_disk
 from ondevice.machine import ram
 from ondevice.machine.facts import drop_page_cache
 from ondevice.paths import home
@@ -139,17 +145,26 @@ def cached_bytes(path: Path) -> int:
     return 0 if failed else sum(v & 1 for v in vec) * mmap.PAGESIZE
 
 
-def run_in_cgroup(command: list[str], limit: int, drop: list[Path]) -> tuple[int, dict]:
-    """(exit status, report) of `command` run under a memory limit of `limit` bytes. The files in
-    `drop` leave the page cache first; what stays (another process maps it) is reported, since pages
-    cached by another cgroup are not charged to ours and the run would not be constrained."""
+def _joining(*joins: Callable[[], None]) -> Callable[[], None]:
+    """A preexec function that moves the child into every cgroup given."""
+    def join() -> None:
+        for j in joins:
+            j()
+    return join
+
+
+def run_in_cgroup(command: list[str], limit: int, drop: list[Path], joins: Sequence[Callable[[], None]] = ()) -> tuple[int, dict]:
+    """(exit status, report) of `command` run under a memory limit of `limit` bytes (and in the
+    cgroups `joins` move it to). The files in `drop` leave the page cache first; what stays (another
+    process maps it) is reported, since pages cached by another cgroup are not charged to ours and
+    the run would not be constrained."""
     for path in drop:
         drop_page_cache(path)
     still_cached = {str(p): cached_bytes(p) for p in drop}
     cgroup = MemoryCgroup(limit)
     try:
         t0 = time.perf_counter()
-        rc = subprocess.run(command, preexec_fn=cgroup.join).returncode
+        rc = subprocess.run(command, preexec_fn=_joining(cgroup.join, *joins)).returncode
         report = {"mode": "cgroup", "seconds": time.perf_counter() - t0, "returncode": rc, **cgroup.report(),
                   "cached_at_start_bytes": still_cached}
     finally:
@@ -193,12 +208,13 @@ def _still_alive(process: subprocess.Popen, grace_s: float = 1.0) -> bool:
         return True
 
 
-def run_with_balloon(command: list[str], size: int, timeout_s: float) -> tuple[int, dict]:
+def run_with_balloon(command: list[str], size: int, timeout_s: float, joins: Sequence[Callable[[], None]] = ()) -> tuple[int, dict]:
     balloon = start_balloon(size, timeout_s)
     try:
         t0 = time.perf_counter()
         available = ram.ram_budget().bytes
-        rc = subprocess.run(command, env={**os.environ, "ONDEVICE_BALLOON_PID": str(balloon.pid)}).returncode
+        env = {**os.environ, "ONDEVICE_BALLOON_PID": str(balloon.pid)}
+        rc = subprocess.run(command, env=env, preexec_fn=_joining(*joins)).returncode
         alive = _still_alive(balloon)
         report = {"mode": "balloon", "balloon_bytes": size, "available_after_lock": available, "seconds": time.perf_counter() - t0,
                   "returncode": rc, "balloon_alive": alive, "limit_held": alive}
@@ -209,25 +225,64 @@ def run_with_balloon(command: list[str], size: int, timeout_s: float) -> tuple[i
     return (rc if report["limit_held"] else NOT_CONSTRAINED), report
 
 
+def run_plain(command: list[str], drop: list[Path], joins: Sequence[Callable[[], None]] = ()) -> tuple[int, dict]:
+    """`command` with no memory constraint (in the cgroups `joins` move it to), the files in `drop`
+    out of the page cache first."""
+    for path in drop:
+        drop_page_cache(path)
+    t0 = time.perf_counter()
+    rc = subprocess.run(command, preexec_fn=_joining(*joins)).returncode
+    return rc, {"mode": "plain", "seconds": time.perf_counter() - t0, "returncode": rc, "limit_held": True}
+
+
+def run_throttled(throttle: ReadThrottle, run: Callable[[Sequence[Callable[[], None]]], tuple[int, dict]]) -> tuple[int, dict]:
+    """`run` (a runner of the command, given the cgroups to join) with the command's reads capped;
+    the report says the cap, and a cap the kernel did not hold makes the run unconstrained."""
+    try:
+        rc, report = run([throttle.join])
+        held = throttle.held()
+    finally:
+        throttle.remove()
+    report.update(disk=throttle.disk, read_bps=held, read_cap_held=held == throttle.bps)
+    return (rc if held == throttle.bps else NOT_CONSTRAINED), report
+
+
 # --- command line -----------------------------------------------------------------------------
+def _runner(args: argparse.Namespace, command: list[str], files: list[Path]):
+    """The run asked for (a memory cgroup, a balloon, or neither), as a function of the other cgroups
+    its command joins."""
+    drop = [] if args.no_drop else files
+    if args.cgroup:
+        return functools.partial(run_in_cgroup, command, parse_size(args.cgroup), drop)
+    if args.balloon:
+        return functools.partial(run_with_balloon, command, parse_size(args.balloon), args.timeout)
+    return functools.partial(run_plain, command, drop)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ondevice.eval.lowmem", description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group(required=True)
+    mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--cgroup", metavar="LIMIT", help="memory limit of a cgroup for the command, e.g. 1.4GB")
     mode.add_argument("--balloon", metavar="SIZE", help="lock this much RAM while the command runs, e.g. 20GiB")
+    parser.add_argument("--read-bps", metavar="RATE", help="cap the command's reads from the models' disk at RATE bytes a second, e.g. 1GB")
     parser.add_argument("--timeout", type=float, default=3600.0, help="the balloon lets go after this many seconds")
-    parser.add_argument("--no-drop", action="store_true", help="keep the model files' cached pages (cgroup mode)")
+    parser.add_argument("--no-drop", action="store_true", help="keep the model files' cached pages (cgroup or read cap)")
     parser.add_argument("--report", help="write the JSON report to this file instead of stderr")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
+    if not (args.cgroup or args.balloon or args.read_bps):
+        parser.error("give --cgroup, --balloon or --read-bps")
     try:
-        if args.cgroup:
-            rc, report = run_in_cgroup(command, parse_size(args.cgroup), [] if args.no_drop else model_files(command))
+        files = model_files(command)
+        run = _runner(args, command, files)
+        if args.read_bps:
+            throttle = ReadThrottle(whole_disk(files[0] if files else home()), parse_size(args.read_bps.removesuffix("/s")))
+            rc, report = run_throttled(throttle, run)
         else:
-            rc, report = run_with_balloon(command, parse_size(args.balloon), args.timeout)
+            rc, report = run([])
     except OndeviceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -236,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.report).write_text(text + "\n")
     else:
         print(text, file=sys.stderr)
+    if not report.get("read_cap_held", True):
+        print("the disk's read cap did not hold (the cgroup changed): discard this run.", file=sys.stderr)
     if not report["limit_held"]:
         print("the memory limit did not hold (the balloon died, or the cgroup changed): discard this run.", file=sys.stderr)
     elif not report.get("cold_start", True):

@@ -67,14 +67,15 @@ def _folder(point: str, root: str, rel: str) -> Path:
     return Path(point) / rel.lstrip("/")
 
 
-def _own_cgroup(proc_cgroup: str, mountinfo: str) -> tuple[Path, int] | None:
-    """This process's memory cgroup folder and its version (the v1 memory controller first), or None."""
+def _own_cgroup(proc_cgroup: str, mountinfo: str, controller: str = "memory") -> tuple[Path, int] | None:
+    """This process's cgroup folder for a v1 controller (`memory`, `blkio`) and its version (the v1
+    hierarchy first, else the unified one), or None."""
     lines = [line.split(":", 2) for line in proc_cgroup.splitlines() if line.count(":") >= 2]
     mounts = _mounts(mountinfo)
     for hierarchy, controllers, rel in lines:
-        v1 = "memory" in controllers.split(",")
+        v1 = controller in controllers.split(",")
         for root, point, fstype, opts in mounts:
-            if v1 and fstype == "cgroup" and "memory" in opts.split(","):
+            if v1 and fstype == "cgroup" and controller in opts.split(","):
                 return _folder(point, root, rel), 1
     for hierarchy, controllers, rel in lines:
         if hierarchy == "0" and controllers == "":
@@ -125,10 +126,11 @@ def read_cgroup(folder: Path, version: int, mount_root: Path | None = None) -> C
     return CgroupMemory(folder, version, limit, usage, cache)
 
 
-def own_cgroup_folder() -> tuple[Path, int] | None:
-    """(folder, version) of the memory cgroup this process runs in (Linux); None elsewhere."""
+def own_cgroup_folder(controller: str = "memory") -> tuple[Path, int] | None:
+    """(folder, version) of the cgroup this process runs in for a v1 controller's hierarchy, else the
+    unified one (Linux); None elsewhere."""
     try:
-        return _own_cgroup(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text())
+        return _own_cgroup(Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text(), controller)
     except OSError:
         return None
 
