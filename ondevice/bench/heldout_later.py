@@ -349,3 +349,17 @@ HELDOUT41_CHAT = [
     "How should I prepare for my first job interview after university?",
     "What can I do on a rainy weekend with two young children at home?",
 ]
+
+HELDOUT42_CODE = [  # written before any run of the drafter's LM head in IQ4_NL
+    "Write a Python function that returns the most common element of a list and how often it occurs.",
+    "Write a Java method that checks whether two strings are anagrams of each other.",
+    "Write a Python class for a simple stack with push, pop and peek methods.",
+    "Write a JavaScript function that removes duplicate values from an array while keeping their order.",
+]
+
+HELDOUT42_CHAT = [
+    "How can I make a long car trip more pleasant for the whole family?",
+    "What are good habits for keeping my email inbox under control?",
+    "How do I choose a good book to read when I have not read in years?",
+    "What should I pack for a weekend camping trip in the mountains?",
+]
