@@ -1,11 +1,12 @@
 """draft/requantized.py: a drafter whose block weights llama.cpp computes a row at a time (Q5_0, Q6_K)
-gets a copy in IQ4_NL where llama.cpp repacks IQ4_NL here; the copy keeps the LM head's and the input
-embeddings' types, is written once and again when its source changes, is what a LlamaDrafter loads
+gets a copy in IQ4_NL where llama.cpp repacks IQ4_NL here; the copy keeps the input embeddings' type
+(and a head tied to them), a head of its own in IQ4_NL too, is written once and again when its source changes, is what a LlamaDrafter loads
 and what the memory plan counts; a drafter of other types is left as it is. Trees from it verified by
 the target stay the target's answer (the engine's reference decode)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -40,11 +41,12 @@ def mix(block_type: QT):
     return quantize
 
 
-def write_drafter(path, block_type: QT):
+def write_drafter(path, block_type: QT, arch: str = "qwen2"):
+    """A tiny drafter: qwen2's head is tied to its input embeddings, qwen3's is a tensor of its own."""
     dims = dict(tiny_models.DIMS)
     tiny_models.DIMS.update(QUANT_DIMS)
     try:
-        return tiny_models.write_tiny_gguf(path, "qwen2", quantize=mix(block_type), head_scale=4.0)
+        return tiny_models.write_tiny_gguf(path, arch, quantize=mix(block_type), head_scale=4.0)
     finally:
         tiny_models.DIMS.clear()
         tiny_models.DIMS.update(dims)
@@ -70,6 +72,22 @@ def test_a_q5_0_drafter_gets_an_iq4_nl_copy_with_its_head_and_embeddings_kept(q5
     assert after["token_embd.weight"] == "Q5_0"  # the input embeddings (and the head, tied to them here) as they were
     assert ModelSize.from_gguf(copy).file_bytes < ModelSize.from_gguf(q5_drafter).file_bytes
     assert drafter_weights(q5_drafter) == copy
+
+
+def test_a_head_of_its_own_is_requantized_too(tmp_path):
+    drafter = write_drafter(tmp_path / "drafter.gguf", QT.Q5_0, arch="qwen3")
+    assert types(drafter)["output.weight"] == "Q8_0"
+    after = types(write_requantized(drafter))
+    assert after["output.weight"] == "IQ4_NL" and after["token_embd.weight"] == "Q5_0"
+
+
+def test_a_copy_that_kept_its_heads_type_is_written_again(q5_drafter):
+    copy, record = requantized_paths(q5_drafter)
+    write_requantized(q5_drafter)
+    saved = json.loads(record.read_text())
+    record.write_text(json.dumps({k: v for k, v in saved.items() if k != "head"}))  # as the copies before
+    assert drafter_weights(q5_drafter) == q5_drafter
+    assert write_requantized(q5_drafter) == copy and drafter_weights(q5_drafter) == copy
 
 
 def test_the_copy_is_written_once_and_again_when_its_source_changes(q5_drafter):

@@ -14,8 +14,10 @@ docs/measurements/2026-12-06-drafter-iq4nl.md.
   trimmed vocabulary where one is built): `X.iq4_nl.gguf` and a record of the file it was made from,
   once, with llama.cpp's own quantizer. Only where llama.cpp repacks IQ4_NL here and most of the
   file's block-weight bytes are of the nearby types it does not repack (Q5_0, Q5_1, Q6_K): a drafter
-  in Q8_0 or 16 bits was chosen for its precision and stays as it is. The LM head and the input
-  embeddings keep their types.
+  in Q8_0 or 16 bits was chosen for its precision and stays as it is. A head of its own (the trimmed
+  vocabulary's) is requantized too: every call reads it whole
+  (docs/measurements/2026-12-07-drafter-head.md). The input embeddings keep their type, and so does
+  a head tied to them.
 - `drafter_weights(weights)`: the file to load, the copy where one was written for this very file
   and llama.cpp's repacked layouts are used here, else the file itself.
 
@@ -54,8 +56,9 @@ def worth_requantizing(weights: Path) -> bool:
 
 
 def source_record(weights: Path) -> dict:
-    """What the copy's record says of the file it was made from, and of itself."""
-    return {**source_stamp(weights), "type": "IQ4_NL"}
+    """What the copy's record says of the file it was made from, and of itself (a copy recorded
+    otherwise, such as one that kept its head's type, is written again)."""
+    return {**source_stamp(weights), "type": "IQ4_NL", "head": "IQ4_NL"}
 
 
 def written_copy(weights: Path) -> Path | None:
@@ -107,7 +110,8 @@ def write_requantized(weights: Path, say=None) -> Path | None:
 
 def quantize(weights: Path, out: Path) -> None:
     """llama.cpp's quantizer: every weight to IQ4_NL (where a tensor's rows allow it; llama.cpp
-    chooses a fallback type where not), the LM head and the input embeddings as they are."""
+    chooses a fallback type where not), a head of its own too; the input embeddings (and a head tied
+    to them) as they are."""
     tensors = read_header(weights).tensors
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_NL
@@ -115,6 +119,6 @@ def quantize(weights: Path, out: Path) -> None:
     params.nthread = 0  # llama.cpp's: the cores
     params.token_embedding_type = tensors["token_embd.weight"].qtype
     head = tensors.get("output.weight")
-    params.output_tensor_type = head.qtype if head is not None else tensors["token_embd.weight"].qtype
+    params.output_tensor_type = IQ4_NL if head is not None else tensors["token_embd.weight"].qtype
     if llama_cpp.llama_model_quantize(str(weights).encode(), str(out).encode(), ctypes.byref(params)) != 0:
         raise OSError(f"llama.cpp could not requantize {weights.name}")
