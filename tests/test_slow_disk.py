@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -68,8 +67,9 @@ def test_lowmem_read_bps_reports_the_cap_and_leaves_no_cgroup(data):
     throttle_or_skip(data).remove()
     parent, _ = ram.own_cgroup_folder("blkio")
     before = set(parent.glob("ondevice-slowdisk-*"))
+    home = {**os.environ, "ONDEVICE_HOME": str(data.parent)}  # no models there: the cap is on the disk holding the home
     done = subprocess.run([sys.executable, "-m", "ondevice.eval.lowmem", "--read-bps", "40MB/s", "--",
-                           sys.executable, "-c", READ, str(data), "direct"], capture_output=True, text=True)
+                           sys.executable, "-c", READ, str(data), "direct"], capture_output=True, text=True, env=home)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert report["read_cap_held"] and report["read_bps"] == CAP, report
