@@ -1,4 +1,4 @@
-"""Run a command as if the machine had less RAM: the "model larger than memory" bench regime.
+"""Run a command as if the machine had less RAM, or a slower disk: the "model larger than memory" bench regime.
 
     python -m ondevice.eval.lowmem --cgroup 1.4GB -- ondevice generate "..." --json
     python -m ondevice.eval.lowmem --balloon 20GiB -- ondevice bench ...
