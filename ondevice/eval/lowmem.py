@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ondevice.errors import OndeviceError
-from ondevice.eval.slow_disk import ReadThrottle, whole_disk
+from ondevice.eval.slow_disk import ReadThrottle, remove_cgroup, whole_disk
 from ondevice.machine import ram
 from ondevice.machine.facts import drop_page_cache
 from ondevice.paths import home
@@ -101,12 +101,7 @@ class MemoryCgroup:
                 "major_faults": stat.get("total_pgmajfault", stat.get("pgmajfault"))}
 
     def remove(self) -> None:
-        for _ in range(50):  # the last process may take a moment to leave
-            try:
-                self.folder.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(self.folder)
 
 
 def _keyed(path: Path) -> dict[str, int]:

@@ -68,11 +68,16 @@ class ReadThrottle:
         (self.folder / "cgroup.procs").write_text(str(os.getpid()))
 
     def remove(self) -> None:
-        for _ in range(50):  # the last process may take a moment to leave
-            try:
-                self.folder.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(self.folder)
+
+
+def remove_cgroup(folder: Path) -> None:
+    """Remove a cgroup's folder once its processes have left (the last may take a moment); gone already: nothing."""
+    for _ in range(50):
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
