@@ -284,6 +284,12 @@ def find_trimmed(drafter: str | Path) -> Path | None:
     A trimmed file whose record names another drafter (or that does not match its record)
     is an OndeviceError: it must be rebuilt, never used.
     """
+    return trimmed_paths(Path(drafter))[0] if trimmed_record(drafter) is not None else None
+
+
+def trimmed_record(drafter: str | Path) -> TrimmedVocab | None:
+    """The record of the trimmed GGUF built from exactly this drafter file (None: none was built);
+    an OndeviceError as `find_trimmed` says."""
     drafter = Path(drafter)
     trimmed, record_path = trimmed_paths(drafter)
     if not trimmed.exists() or not record_path.exists():
@@ -300,7 +306,7 @@ def find_trimmed(drafter: str | Path) -> Path | None:
         )
     if trimmed.stat().st_size != record.trimmed_size:
         raise OndeviceError(f"{trimmed.name} does not match its record (incomplete write?); run `ondevice quant vocab-trim` again")
-    return trimmed
+    return record
 
 
 def file_sha256(path: Path) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ondevice.paths import inside, warn, write_json
-from ondevice.vocabtrim.build import TrimmedVocab, build_trimmed, find_trimmed, trimmed_paths
+from ondevice.vocabtrim.build import TrimmedVocab, build_trimmed, trimmed_paths, trimmed_record
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "catalog" / "models"
 SHIPPED_NOTE = "(shipped with ondevice's catalog)"  # ends the calibration words of a drafter trimmed from a shipped set
@@ -88,7 +88,5 @@ def trim_for_streaming(pair: str, drafter: Path, drafter_sha256: str | None, sho
 
 def _needs_writing(drafter: Path, keep_ids: np.ndarray) -> bool:
     """No trimmed drafter is built, or the one built came from another keep set of the catalog's."""
-    if find_trimmed(drafter) is None:
-        return True
-    built = TrimmedVocab.load(trimmed_paths(drafter)[1])
-    return built.calibration.endswith(SHIPPED_NOTE) and built.keep_ids != tuple(int(i) for i in keep_ids)
+    built = trimmed_record(drafter)
+    return built is None or (built.calibration.endswith(SHIPPED_NOTE) and built.keep_ids != tuple(int(i) for i in keep_ids))
