@@ -22,6 +22,7 @@ from ondevice.plan import profile as profile_store
 from ondevice.draft.onnx_drafter import OnnxDrafter
 from ondevice.machine.facts import measure_ram_bandwidth
 from ondevice.onnx.export_files import export_dir
+from ondevice.vocabtrim.build import find_trimmed
 from ondevice.loading.memory import MARGIN, ModelSize
 from ondevice.plan.profile import Profile, save_profile
 from ondevice.decode.protocols import DraftSpec
@@ -53,6 +54,10 @@ def stream_tiny_target(home, monkeypatch, name: str = "tiny", extra: int = 0) ->
     sizes = memory.context_sizes(256, 64, streams=True)  # streaming with trees up to 64 nodes
     resident = (200 << 20) + drafter.file_bytes + sum(memory._buffers(target, drafter, 256, sizes, memory.F16).values())
     budget = resident + target.streamed_window + MARGIN + extra  # room to stream, not to keep the weights
+    if not extra:  # nor the head at a smaller tree, whose buffers leave more room, beside either drafter file
+        trimmed = find_trimmed(models / f"{name}-drafter.gguf")
+        drafters = [drafter] + ([ModelSize.from_gguf(trimmed)] if trimmed else [])
+        budget = min([budget] + [least_budget_keeping_the_head(target, d, 256) - 1 for d in drafters])
     monkeypatch.setattr(load_plan, "ram_budget", lambda: ram.RamBudget(budget, "test"))
 
 

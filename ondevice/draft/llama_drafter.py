@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ondevice.draft.builders import BATCH_SPREAD, LEAF_MARGIN
+from ondevice.draft.held_weights import let_go, loads_mapped
 from ondevice.draft.model_drafter import ModelDrafter
 from ondevice.draft.requantized import drafter_weights
 from ondevice.draft.tree_cache import DraftKV
@@ -28,8 +29,10 @@ class LlamaDrafter(ModelDrafter):
     target_vocab: the target's vocabulary size when the two differ by padding (tokenizer.vocab_mismatch):
     ids the target lacks are never drafted, and a context holding an id the drafter lacks gets no draft.
     max_tree: the biggest tree it will be asked for (its KV cells, sequences and logits rows are
-    sized for it: `ondevice.loading.memory`). resident: weights read into anonymous memory rather than
-    mapped, so a target streaming through the page cache cannot evict them.
+    sized for it: `ondevice.loading.memory`). resident: held beside a streaming target: weights read
+    into anonymous memory rather than mapped, so the target's reads cannot evict them; or, where
+    llama.cpp repacks nearly all of them, mapped and the file's pages let go once loaded (its repacked
+    copies are anonymous memory, and an input table it does not read is not held: draft/held_weights.py).
     """
 
     def __init__(
@@ -50,7 +53,11 @@ class LlamaDrafter(ModelDrafter):
         if not 1 <= max_batch < LLAMA_MAX_SEQUENCES:
             raise OndeviceError(f"max_batch must be 1 to {LLAMA_MAX_SEQUENCES - 1}, not {max_batch}.")
         head = TrimmedHead.find(model_path) if vocab_trim else None
-        self.model = LlamaModel(drafter_weights(head.gguf_path if head else model_path), resident=resident)
+        weights = drafter_weights(head.gguf_path if head else model_path)
+        mapped = resident and loads_mapped(weights)
+        self.model = LlamaModel(weights, resident=resident and not mapped)
+        if mapped:
+            let_go(weights)
         llama_ctx = LlamaContext(
             self.model,
             n_ctx=n_ctx + max_tree + max_batch,

@@ -8,8 +8,8 @@
 Memory model, in bytes, for a llama.cpp target on a CPU:
 
     resident = process (interpreter and libraries: this process's anonymous memory before loading)
-             + drafter weights (read into anonymous memory when the target streams, so the page
-               cache cannot evict them)
+             + drafter weights (when the target streams: held where the page cache cannot evict
+               them, without an input table they do not read, draft/held_weights.py)
              + each llama.cpp context's buffers: KV cache, output logits, compute (`ContextBuffers`),
                sized for the largest tree the plan allows (`max_tree` nodes) and the context
                (`n_ctx` cells; in f16 when the target streams, `kv_type`; `answer_context` when
@@ -25,13 +25,11 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
 
 When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
 cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
-buffers still leave the streaming window free and the LM head kept, where any size keeps it. A
-streamed head is read whole at the end of every pass, so it needs its full size in memory then
-anyway, and it sends every layer through the page cache (targets/page_cache.py) rather than the
-direct reads (targets/direct_window.py), whose passes compute at about the speed of a target in RAM.
-The plan also says when the drafter alone keeps the target out of RAM (loading/drafter_room.py
-weighs the drafter against the layers its RAM would keep). On a GPU (torch target) the layers'
-tiers come from `ondevice.targets.offloaded.plan_offload`, the placement the loader makes.
+buffers leave the streaming window free and the LM head kept, where any size keeps it (a streamed
+head needs all its size at the end of every pass, and sends every layer through the page cache,
+targets/page_cache.py, not the direct reads of targets/direct_window.py). The plan also says when
+the drafter alone keeps the target out of RAM (loading/drafter_room.py weighs it against the layers
+its RAM would keep). On a GPU (torch target): `ondevice.targets.offloaded.plan_offload`.
 
 The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit and available RAM.
 `ondevice models` calls `plan_memory` with sizes from the file header or a shape preset, loading nothing.
@@ -175,14 +173,17 @@ class ContextSizes:
     drafter_seqs: int
     drafter_ubatch: int
     n_ctx: int  # the target's context window in tokens (its KV cells)
+    drafter_batch: int = DRAFT_BATCH  # nodes the drafter decodes in one call at most (its logits rows: LlamaDrafter's max_batch)
 
 
 def context_sizes(n_ctx: int, max_tree: int, streams: bool, draft_batch: int = DRAFT_BATCH) -> ContextSizes:
     """A streaming target prefills 256 tokens per pass (its attention scratch is then half of 512's)
-    and its resident drafter 64 (it is never asked for more at once while drafting)."""
+    and its resident drafter `draft_batch` or the largest tree if smaller (a tree's frontier never
+    holds more nodes than the tree: each row more is logits memory the target's layers never get)."""
     seqs = min(256, max_tree + 1)
+    draft_batch = min(draft_batch, max_tree) if streams else draft_batch
     target_ubatch, drafter_ubatch = (256, draft_batch) if streams else (512, 512)
-    return ContextSizes(max_tree, min(256, max_tree), target_ubatch, n_ctx + max_tree + draft_batch, seqs, drafter_ubatch, n_ctx)
+    return ContextSizes(max_tree, min(256, max_tree), target_ubatch, n_ctx + max_tree + draft_batch, seqs, drafter_ubatch, n_ctx, draft_batch)
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,8 @@ class MemoryPlan:
     def llama_drafter_sizes(self) -> dict:
         """The llama.cpp drafter's keyword arguments this plan sets: buffers sized, weights resident
         (read, not mapped) when the target streams (draft/loader.py opens it)."""
-        return {"max_tree": self.sizes.max_tree, "resident": self.streams, "kv_type": self.kv_type, "n_batch": self.sizes.drafter_ubatch}
+        return {"max_tree": self.sizes.max_tree, "resident": self.streams, "kv_type": self.kv_type, "n_batch": self.sizes.drafter_ubatch,
+                "max_batch": self.sizes.drafter_batch}
 
     def kept_layers(self, ahead: int) -> tuple[int | str, ...]:
         """What a streaming target keeps cached between passes when the page cache is steered
@@ -334,7 +336,7 @@ def _buffers(target: ModelSize, drafter: ModelSize | None, n_ctx: int, sizes: Co
     t = context_buffers(target, n_ctx, sizes.target_ubatch, sizes.max_tree, sizes.target_seqs, kv_bytes)
     out = {"target KV cache": t.kv, "target logits + compute": t.output + t.compute}
     if drafter is not None:
-        d = context_buffers(drafter, sizes.drafter_cells, sizes.drafter_ubatch, DRAFT_BATCH, sizes.drafter_seqs, kv_bytes)
+        d = context_buffers(drafter, sizes.drafter_cells, sizes.drafter_ubatch, sizes.drafter_batch, sizes.drafter_seqs, kv_bytes)
         out |= {"drafter KV cache": d.kv, "drafter logits + compute": d.output + d.compute}
     return out
 
@@ -358,21 +360,23 @@ def plan_memory(
     process_bytes: int | None = None,
     ahead: int = 0,
     tree_nodes: int | None = None,
+    drafter_bytes: int | None = None,
 ) -> MemoryPlan:
     """Where the target lives and how big the buffers may be; nothing is loaded.
 
-    max_tree: the largest tree wanted when the target fits in RAM (a streaming target gets the largest
-    of TREE_SIZES up to it whose buffers leave room to stream). budget: RAM this process may use
-    (default: `ram_budget()`, cgroup-aware). process_bytes: default this process's RSS now.
+    max_tree: the largest tree wanted when the target fits in RAM (a streaming target gets the largest of
+    TREE_SIZES up to it whose buffers leave room to stream). budget: RAM this process may use (default:
+    `ram_budget()`, cgroup-aware). process_bytes: default this process's RSS now.
     ahead: a streaming target's page cache will be steered with this many layers in flight, so the
     room left keeps its first layers cached (`kept_layers`); 0: the kernel streams it alone.
     tree_nodes: the largest tree this load will verify, where the caller knows it (a load without the
     drafter model: its free drafters' trees, a few nodes): a streaming target's buffers are then sized
     for the smallest of TREE_SIZES that holds it, and the rest of the RAM keeps more of its layers.
+    drafter_bytes: what the drafter's weights hold in RAM where less than its file (draft/held_weights.py).
     """
     budget = budget or ram_budget()
     process = (anon_rss() or psutil.Process().memory_info().rss) if process_bytes is None else process_bytes
-    drafter_bytes = drafter.file_bytes if drafter is not None else 0
+    drafter_bytes = 0 if drafter is None else drafter.file_bytes if drafter_bytes is None else drafter_bytes
 
     def plan(tree: int, in_ram: bool, notes=()) -> MemoryPlan:
         sizes = context_sizes(n_ctx, tree, streams=not in_ram)
@@ -393,8 +397,6 @@ def plan_memory(
         return (keeping_head or streaming)[0]
     short = plan(min(TREE_SIZES), False)
     need = short.resident_bytes + target.streamed_window + MARGIN
-    return plan(min(TREE_SIZES), False, [
-        f"over budget: streaming needs about {format_bytes(need)}; expect heavy paging "
-        "(free memory, use a shorter --ctx, or --no-draft)"
-    ] + note)
+    over = f"over budget: streaming needs about {format_bytes(need)}; expect heavy paging (free memory, use a shorter --ctx, or --no-draft)"
+    return plan(min(TREE_SIZES), False, [over] + note)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ondevice.catalog.hub import PairFiles
+from ondevice.draft.held_weights import held_bytes
 from ondevice.draft.loader import load_drafter
 from ondevice.draft.requantized import drafter_weights
 from ondevice.loading.memory import MemoryPlan, ModelSize, plan_memory
@@ -108,7 +109,8 @@ class MemoryPlans:
             if self.opts.rpc is not None:  # the target's layers across this machine and the workers
                 self._plans[key], self.split = plan_split_load(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
             else:
-                self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
+                held = held_bytes(drafter, sizes.file_bytes, sizes.embd_bytes) if sizes is not None and drafter_backend == "llama" else None
+                self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes, held)
         return self._plans[key]
 
 
@@ -119,15 +121,17 @@ def file_identity(path: Path) -> tuple[Path, int, int]:
     return Path(path), stat.st_size, stat.st_mtime_ns
 
 
-def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, process_bytes: int | None = None) -> MemoryPlan:
+def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, process_bytes: int | None = None,
+             drafter_bytes: int | None = None) -> MemoryPlan:
     """The memory plan for a llama.cpp target and drafter of these sizes, within --ram-memory or the
-    RAM this process may use (also for models that exist only as sizes: synthetic, not downloaded)."""
+    RAM this process may use (also for models that exist only as sizes: synthetic, not downloaded).
+    drafter_bytes: what the drafter holds in RAM, where less than its file (draft/held_weights.py)."""
     budget = ram_budget()
     if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
         budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
     tree_nodes = (opts.free_tree_nodes or FREE_TREE_NODES) if drafter is None else None  # no drafter model: free trees only
     return plan_memory(target, drafter, n_ctx=opts.context, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes,
-                       tree_nodes=tree_nodes)
+                       tree_nodes=tree_nodes, drafter_bytes=drafter_bytes)
 
 
 def pick_backend(name: str) -> str:

@@ -80,14 +80,15 @@ def readahead_bytes(path: str | Path) -> int:
     return max(kib, DEFAULT_READAHEAD_KIB) << 10
 
 
-def find_mapping(path: str | Path) -> tuple[int, int, int] | None:
-    """(start address, end address, file offset) of the largest mapping of `path` in this process."""
+def find_mappings(path: str | Path) -> list[tuple[int, int, int]]:
+    """(start address, end address, file offset) of each mapping of `path` in this process (llama.cpp
+    unmaps the stretches of its mapping it does not use, leaving several)."""
     try:
         st = os.stat(path)
         lines = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
-        return None
-    best = None
+        return []
+    found = []
     for line in lines:
         fields = line.split(maxsplit=5)
         if len(fields) < 6 or fields[5] != str(Path(path).resolve()):
@@ -96,9 +97,13 @@ def find_mapping(path: str | Path) -> tuple[int, int, int] | None:
         if int(fields[4]) != st.st_ino or os.makedev(dev_major, dev_minor) != st.st_dev:
             continue
         start, end = (int(x, 16) for x in fields[0].split("-"))
-        if best is None or end - start > best[1] - best[0]:
-            best = (start, end, int(fields[2], 16))
-    return best
+        found.append((start, end, int(fields[2], 16)))
+    return found
+
+
+def find_mapping(path: str | Path) -> tuple[int, int, int] | None:
+    """(start address, end address, file offset) of the largest mapping of `path` in this process."""
+    return max(find_mappings(path), key=lambda m: m[1] - m[0], default=None)
 
 
 def mapped_layers(path: str | Path) -> tuple[tuple[int, int, int], dict, Span | None] | None:
@@ -117,13 +122,13 @@ def mapped_layers(path: str | Path) -> tuple[tuple[int, int, int], dict, Span | 
     here = Path(path).resolve()
     tensors = {key: [t for t in group if Path(t.path).resolve() == here] for key, group in groups.items()}  # a split model's other parts: not here
     embd = header.tensors.get("token_embd.weight") if "output.weight" in header.tensors else None  # tied: it is the head
-    rows = _span(mapping, embd.offset, embd.nbytes) if embd is not None and Path(embd.path).resolve() == here else None
+    rows = tensor_span(mapping, embd.offset, embd.nbytes) if embd is not None and Path(embd.path).resolve() == here else None
     return mapping, tensors, rows
 
 
 def layer_spans(mapping: tuple[int, int, int], tensors: dict) -> dict:
     """Each layer's tensors (mapped_layers) as the whole pages of the mapping that hold them."""
-    return {key: [s for s in (_span(mapping, t.offset, t.nbytes) for t in group) if s is not None] for key, group in tensors.items()}
+    return {key: [s for s in (tensor_span(mapping, t.offset, t.nbytes) for t in group) if s is not None] for key, group in tensors.items()}
 
 
 def advise(libc, span: Span, advice: int) -> None:
@@ -132,8 +137,8 @@ def advise(libc, span: Span, advice: int) -> None:
         raise OSError(ctypes.get_errno(), f"madvise({advice}): {os.strerror(ctypes.get_errno())}")
 
 
-def _span(mapping: tuple[int, int, int], offset: int, length: int) -> Span | None:
-    """The whole pages of the mapping that hold file bytes [offset, offset + length)."""
+def tensor_span(mapping: tuple[int, int, int], offset: int, length: int) -> Span | None:
+    """The whole pages of the mapping that hold file bytes [offset, offset + length) (a tensor's)."""
     start, end, file_offset = mapping
     lo = max(start, start + offset - file_offset) // PAGE * PAGE
     hi = min(end, -(-(start + offset - file_offset + length) // PAGE) * PAGE)
