@@ -363,3 +363,17 @@ HELDOUT42_CHAT = [
     "How do I choose a good book to read when I have not read in years?",
     "What should I pack for a weekend camping trip in the mountains?",
 ]
+
+HELDOUT43_CODE = [  # written before any run of the drafter held without its input table
+    "Write a Python function that returns the second largest number in a list, or None if there is none.",
+    "Write a Go function that reverses the order of the words in a sentence.",
+    "Write a Python function that counts the vowels in a string, upper and lower case alike.",
+    "Write a JavaScript function that checks whether a string is a palindrome, ignoring spaces and case.",
+]
+
+HELDOUT43_CHAT = [
+    "How can I make working from home feel less lonely?",
+    "What are some good ways to use up leftover rice?",
+    "How do I politely decline an invitation from a coworker?",
+    "What should I look for when renting my first apartment?",
+]
