@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +43,11 @@ def _weights(tensors: dict) -> tuple[list, list[bool]]:
 
 def loads_mapped(path: str | Path) -> bool:
     """Whether this drafter file loads mapped beside a streaming target: its input embeddings are a
-    table of their own (not its LM head), and llama.cpp repacks all but MAPPED_SHARE of the bytes of
-    its other weights here."""
+    table of their own (not its LM head), llama.cpp repacks all but MAPPED_SHARE of the bytes of its
+    other weights here, and this is Linux."""
     tensors = read_header(path).tensors
-    if "output.weight" not in tensors:  # the head is the input table: every call reads all of it
-        return False
+    if "output.weight" not in tensors or not sys.platform.startswith("linux"):  # a head that is the input table is read whole
+        return False  # by every call; elsewhere than Linux the pages cannot be held in place (/proc/self/maps)
     weights, repacked = _weights(tensors)
     total = sum(t.nbytes for t in weights)
     mapped = sum(t.nbytes for t, fast in zip(weights, repacked) if not fast)
