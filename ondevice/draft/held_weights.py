@@ -9,7 +9,7 @@ Where llama.cpp computes nearly all of a drafter's weights from its repacked cop
 (machine/repack_layouts.py), those copies are anonymous memory whatever the load, and the file is
 needed only while loading. So such a drafter is loaded mapped, and then `let_go` copies the few
 weights llama.cpp computes from the file into anonymous memory in place (held like a resident
-load's: the target's reads cannot evict them; left mapped, they were read again 25-40 MB a pass
+load's: the target's reads cannot evict them; left mapped, they were read again, ~40 MB a pass
 under 0.9 GB) and drops the rest from this process and the page cache: the input table is then
 read never (a drafter fed embeddings) or by the row. Elsewhere (no repacked layouts here, or a
 file mostly of types it does not repack) the drafter is read whole into anonymous memory.
@@ -18,6 +18,7 @@ file mostly of types it does not repack) the drafter is read whole into anonymou
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import sys
@@ -44,7 +45,13 @@ def _weights(tensors: dict) -> tuple[list, list[bool]]:
 def loads_mapped(path: str | Path) -> bool:
     """Whether this drafter file loads mapped beside a streaming target: its input embeddings are a
     table of their own (not its LM head), llama.cpp repacks all but MAPPED_SHARE of the bytes of its
-    other weights here, and this is Linux."""
+    other weights here, and this is Linux. (Asked by every plan of a load: answered once a file.)"""
+    stat = os.stat(path)
+    return _loads_mapped(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _loads_mapped(path: str, size: int, mtime_ns: int) -> bool:
     tensors = read_header(path).tensors
     if "output.weight" not in tensors or not sys.platform.startswith("linux"):  # a head that is the input table is read whole
         return False  # by every call; elsewhere than Linux the pages cannot be held in place (/proc/self/maps)
@@ -81,7 +88,10 @@ def let_go(path: str | Path) -> bool:
             held = _pages(mapping, [t for name, t in tensors.items() if name not in unread])
             for first, last, keep in _runs(held):
                 span = Span(mapping[0] + first * PAGE, (last - first) * PAGE, mapping[2] + first * PAGE)
-                _hold(libc, span) if keep else advise(libc, span, MADV_DONTNEED)
+                if keep:
+                    _hold(libc, span)
+                else:
+                    advise(libc, span, MADV_DONTNEED)
             table = tensor_span(mapping, tensors[INPUT_TABLE].offset, tensors[INPUT_TABLE].nbytes)
             if table is not None:
                 advise(libc, table, MADV_RANDOM)

@@ -252,8 +252,8 @@ class MemoryPlan:
                 "window": window, "kv_type": self.kv_type, "kept_layers": self.kept_layers(window) if window else ()}
 
     def llama_drafter_sizes(self) -> dict:
-        """The llama.cpp drafter's keyword arguments this plan sets: buffers sized, weights resident
-        (read, not mapped) when the target streams (draft/loader.py opens it)."""
+        """The llama.cpp drafter's keyword arguments this plan sets: buffers sized, weights held where
+        the page cache cannot evict them when the target streams (draft/held_weights.py; draft/loader.py opens it)."""
         return {"max_tree": self.sizes.max_tree, "resident": self.streams, "kv_type": self.kv_type, "n_batch": self.sizes.drafter_ubatch,
                 "max_batch": self.sizes.drafter_batch}
 
