@@ -28,37 +28,38 @@ import numpy as np
 
 from ondevice.files.gguf_header import read_header
 from ondevice.machine.repack_layouts import repacks_here
-from ondevice.targets.direct_window import MAP_FIXED
-from ondevice.targets.page_cache import MADV_DONTNEED, MADV_RANDOM, PAGE, Span, advise, find_mappings, tensor_span
+from ondevice.targets.page_cache import MADV_DONTNEED, MADV_RANDOM, MAP_FIXED, PAGE, Span, advise, find_mappings, mapping_libc, tensor_span
 
 MAPPED_SHARE = 0.1  # at most this share of the weights' bytes computed from the file (mapped) for a mapped load
 INPUT_TABLE = "token_embd.weight"
 HOLD_CHUNK = 4 << 20  # bytes copied into anonymous memory at a time
 
 
-def _weights(tensors: dict) -> tuple[list, list[bool]]:
-    """The 2-D tensors but the input table, and whether llama.cpp repacks each here."""
+def _unread(path: str | Path) -> tuple[dict, set[str], bool]:
+    """(the file's tensors, the names of those llama.cpp does not read after loading it here: the weights
+    it repacks and the input table, whether the rest is at most MAPPED_SHARE of the weights' bytes),
+    read once a file: every plan of a load asks, and the load again."""
+    stat = os.stat(path)
+    return _unread_in(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _unread_in(path: str, size: int, mtime_ns: int) -> tuple[dict, set[str], bool]:
+    tensors = read_header(path).tensors
     weights = [t for name, t in tensors.items() if name != INPUT_TABLE and len(t.shape) == 2]
-    return weights, repacks_here([(t.qtype, tuple(t.shape)) for t in weights])
+    repacked = repacks_here([(t.qtype, tuple(t.shape)) for t in weights])
+    mapped = sum(t.nbytes for t, fast in zip(weights, repacked) if not fast)
+    small = mapped <= MAPPED_SHARE * sum(t.nbytes for t in weights) and len(weights) > 0
+    return tensors, {t.name for t, fast in zip(weights, repacked) if fast} | {INPUT_TABLE}, small
 
 
 def loads_mapped(path: str | Path) -> bool:
     """Whether this drafter file loads mapped beside a streaming target: its input embeddings are a
     table of their own (not its LM head), llama.cpp repacks all but MAPPED_SHARE of the bytes of its
-    other weights here, and this is Linux. (Asked by every plan of a load: answered once a file.)"""
-    stat = os.stat(path)
-    return _loads_mapped(str(path), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=8)
-def _loads_mapped(path: str, size: int, mtime_ns: int) -> bool:
-    tensors = read_header(path).tensors
-    if "output.weight" not in tensors or not sys.platform.startswith("linux"):  # a head that is the input table is read whole
-        return False  # by every call; elsewhere than Linux the pages cannot be held in place (/proc/self/maps)
-    weights, repacked = _weights(tensors)
-    total = sum(t.nbytes for t in weights)
-    mapped = sum(t.nbytes for t, fast in zip(weights, repacked) if not fast)
-    return total > 0 and mapped <= MAPPED_SHARE * total
+    other weights here, and this is Linux."""
+    tensors, _, small = _unread(path)
+    # a head that is the input table is read whole by every call; elsewhere than Linux the pages cannot be held in place
+    return "output.weight" in tensors and sys.platform.startswith("linux") and small
 
 
 def held_bytes(path: str | Path, file_bytes: int, input_table_bytes: int) -> int:
@@ -77,12 +78,8 @@ def let_go(path: str | Path) -> bool:
     mappings = find_mappings(path)
     if not mappings:
         return False
-    tensors = read_header(path).tensors
-    weights, repacked = _weights(tensors)
-    unread = {t.name for t, fast in zip(weights, repacked) if fast} | {INPUT_TABLE}
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    tensors, unread, _ = _unread(path)
+    libc = mapping_libc()
     try:
         for mapping in mappings:
             held = _pages(mapping, [t for name, t in tensors.items() if name not in unread])

@@ -44,11 +44,11 @@ from typing import Iterable
 
 from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.targets.pass_split import PassSplit
-from ondevice.targets.page_cache import MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, PAGE, LayerWindow, Span, _pieces, advise, layer_spans, mapped_layers, readahead_bytes
+from ondevice.targets.page_cache import (MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, MAP_FIXED, PAGE, LayerWindow, Span, _pieces, advise, layer_spans,
+                                        mapped_layers, mapping_libc, readahead_bytes)
 
 READERS = 4  # O_DIRECT reads in flight at once: four move more than one (docs/measurements/code-notes.md, "Reads in flight")
 CHUNK = 4 << 20  # bytes per read
-MAP_FIXED = 0x10
 MADV_NORMAL, MADV_POPULATE_READ = 0, 22  # the latter: Linux 5.14+
 MERGE_GAP = 64  # tensors of one layer this close (GGUF alignment padding) are one stretch of the file
 
@@ -121,10 +121,7 @@ class DirectWindow:
         self.advice_chunk = readahead_bytes(path) // PAGE * PAGE  # what one MADV_WILLNEED reads at most
         self.direct_fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         self.file_fd = os.open(path, os.O_RDONLY)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        self.libc = libc
+        self.libc = mapping_libc()
         self.pool = ThreadPoolExecutor(READERS, thread_name_prefix="ondevice-direct-read")
         self.cond = threading.Condition()
         self.consumed = 0  # streamed positions llama.cpp has finished

@@ -53,6 +53,7 @@ from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.targets.pass_split import LayerStretch, PassSplit, split_pass
 
 MADV_RANDOM, MADV_SEQUENTIAL, MADV_WILLNEED, MADV_DONTNEED = 1, 2, 3, 4
+MAP_FIXED = 0x10  # mmap over pages already mapped, at their address
 EVICT = -1  # MADV_DONTNEED on the mapping, then POSIX_FADV_DONTNEED on the file
 WINDOW_AHEAD = 2  # layers prefetched ahead of the one computing (0: leave streaming to the kernel)
 PAGE = mmap.PAGESIZE
@@ -129,6 +130,15 @@ def mapped_layers(path: str | Path) -> tuple[tuple[int, int, int], dict, Span | 
 def layer_spans(mapping: tuple[int, int, int], tensors: dict) -> dict:
     """Each layer's tensors (mapped_layers) as the whole pages of the mapping that hold them."""
     return {key: [s for s in (tensor_span(mapping, t.offset, t.nbytes) for t in group) if s is not None] for key, group in tensors.items()}
+
+
+def mapping_libc():
+    """The C library with errno kept, its mmap typed to take and give back addresses (for MAP_FIXED
+    mappings over pages of a mapping: direct_window.py's slots, draft/held_weights.py's held pages)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    return libc
 
 
 def advise(libc, span: Span, advice: int) -> None:
