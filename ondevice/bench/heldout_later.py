@@ -377,3 +377,17 @@ HELDOUT43_CHAT = [
     "How do I politely decline an invitation from a coworker?",
     "What should I look for when renting my first apartment?",
 ]
+
+HELDOUT44_CODE = [  # written before any run of the planner pricing a tree family's first rounds apart
+    "Write a Python function that splits a list into chunks of a given size.",
+    "Write a Rust function that returns the largest value in a slice of integers, or None if it is empty.",
+    "Write a Python function that converts a number of seconds into a string like 1h 02m 03s.",
+    "Write a JavaScript function that capitalizes the first letter of every word in a sentence.",
+]
+
+HELDOUT44_CHAT = [
+    "How can I start running regularly if I have never exercised before?",
+    "What are some polite ways to end a phone call that is going on too long?",
+    "How do I keep my houseplants alive while I am away for two weeks?",
+    "What should I think about before adopting a cat?",
+]
