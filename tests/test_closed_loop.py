@@ -224,48 +224,14 @@ def test_a_right_profile_keeps_the_target_alone_from_the_first_round(tmp_path, m
 def test_a_trees_first_round_of_an_answer_is_booked_to_the_trees_together(tmp_path, monkeypatch):
     """An answer's first round of a tree carries the drafter's catch-up on the prompt (and its
     hardest first token): 1 token in 1.5 s. Booked to the tree that happened to run it, it would
-    put that tree at several times its true seconds per token; it goes to the trees' catch-up
-    (every tree alike) and the tree's own record starts with its next round."""
+    put that tree at several times its true seconds per token; it goes to the trees' family (κ,
+    every tree alike) and the tree's own record starts with its next round."""
     planner = make_planner(tmp_path, monkeypatch, POISONED)
     spec = planner.spec(Sampling(), context=40)
     arm = arm_of(spec)
     assert family_of(arm) == "model"
     planner.observe(RoundReport(DraftTree.chain(7, list(range(100, 100 + spec.budget))), [0], spec, 0.2, 1.5, 40))
     assert planner.book.arms.get(arm, Tally()).tokens == 0
-    assert planner.book.catch_up["model"].tokens == 1 and planner.book.catch_up["model"].seconds == 1.5
-    assert "model" not in planner.book.families  # κ is learned from the trees' own rounds
+    assert planner.book.families["model"].tokens == 1 and planner.book.families["model"].seconds == 1.5
     planner.observe(RoundReport(DraftTree.chain(7, list(range(100, 100 + spec.budget))), [0, 1, 2], spec, 0.2, 0.3, 41))
     assert planner.book.arms[arm].tokens == pytest.approx(3.0, rel=0.01)  # its next round is the tree's own
-
-
-def test_a_familys_catch_up_rounds_weigh_on_every_tree_alike():
-    """best-first@31 measured its prediction over 120 tokens of its own rounds, and the answers'
-    first rounds (booked to no tree) took 3x their prediction. best-first@15, predicted level with
-    @31, must stay level with it (the catch-up is no evidence that the cost model overrates @15
-    more than @31): both carry the first rounds' excess per token, which also keeps a measured tree
-    from looking faster against the target alone than its answers were."""
-    book = ArmBook()
-    big, small = Price(0.20, 0.90), Price(0.20, 0.80)
-    for _ in range(30):
-        book.observe("best-first@31", 4, 0.80, big.spt, False, None)
-    for _ in range(4):  # the answers' first rounds: 1 token each, 3x the prediction
-        book.observe("best-first@31", 1, 0.60, big.spt, False, None, own=False)
-    measured_own = book.arms["best-first@31"].spt
-    assert book.kappa("model") == pytest.approx(1.0, rel=0.01)
-    excess = book.catch_up_spt("model")
-    assert excess > 0
-    assert book.spt("best-first@31", big.spt) == pytest.approx(measured_own + excess, rel=0.02)
-    assert book.spt("best-first@15", small.spt) == pytest.approx(book.spt("best-first@31", big.spt), rel=0.02)
-    tokens = 30 * 4 + 4
-    assert book.spt("best-first@31", big.spt) * tokens == pytest.approx(30 * 0.80 + 4 * 0.60, rel=0.05)  # what the answers took
-
-
-def test_a_book_saved_before_catch_up_was_kept_loads(tmp_path, monkeypatch):
-    monkeypatch.setenv("ONDEVICE_HOME", str(tmp_path))
-    old = {"arms": {"target": {"tokens": 10, "seconds": 3.0, "rounds": 10}},
-           "families": {"target": {"tokens": 10, "seconds": 3.0, "rounds": 10}}}
-    book = ArmBook.from_dict(old)
-    assert book.catch_up == {} and book.spt("target", None) == pytest.approx(0.3)
-    book.observe("best-first@8", 1, 1.0, 0.2, False, None, own=False)
-    again = ArmBook.from_dict(book.to_dict(), weight=1.0)
-    assert again.catch_up["model"].seconds == pytest.approx(1.0, rel=0.01)

@@ -16,14 +16,7 @@ curves rescaled by the passes seen, acceptance learned so far), worth W = PRIOR_
 against what was predicted for the same rounds (S_f against P_f = Σ tokens·p, p predicted with
 the target pass each round actually took — `Price.after_pass`: pass times are the curve's to
 learn), so one tree found slower than predicted makes every unmeasured tree look slower too. An
-arm nobody can price (no profile yet) is known only once measured.
-
-A tree's first round of an answer (the drafter catches up on the prompt, and the first token is
-the hardest to draft) is any tree's alike: it is booked to neither the arm nor κ_f but to the
-family's *catch-up*, and every arm of the family pays its excess over the calibrated prediction
-per token of the family, e_f (`catch_up_spt`), on top of the estimate above. Booked into κ_f it
-made every tree but the measured ones look slower, so a sibling the cost model rated level with
-the incumbent was not audited (docs/measurements/2026-12-07-family-catch-up.md). Measured seconds are what the
+arm nobody can price (no profile yet) is known only once measured. Measured seconds are what the
 arm costs now: all sums fade by DECAY per emitted token (acceptance follows the text, the
 machine's load changes), and a saved book is loaded at half weight, its target passes rescaled to
 the machine's speed now where the load timed it (`ArmBook.rescale`). (Measuring arms as ratios to their
@@ -199,8 +192,7 @@ class ArmBook:
     """Measured arms of one regime (machine, pair, backends, in RAM or streamed), and the policy."""
 
     arms: dict[str, Tally] = field(default_factory=dict)
-    families: dict[str, Tally] = field(default_factory=dict)  # each family's own rounds (κ)
-    catch_up: dict[str, Tally] = field(default_factory=dict)  # each family's rounds that are no arm's own (e_f)
+    families: dict[str, Tally] = field(default_factory=dict)
     decode_seconds: float = 0.0  # this session's rounds
     audit_regret: float = 0.0  # this session's audits: seconds beyond the incumbent's pace
     audit: Audit | None = None
@@ -219,7 +211,7 @@ class ArmBook:
         if yardstick is None:
             return
         if self.yardstick is not None and self.yardstick.comparable(yardstick):
-            for tally in self._tallies():
+            for tally in (*self.arms.values(), *self.families.values()):
                 tally.pass_scaled(yardstick.seconds / self.yardstick.seconds)
         self.yardstick = yardstick
 
@@ -237,19 +229,8 @@ class ArmBook:
         with the family-calibrated prediction as a prior worth PRIOR_TOKENS tokens."""
         t = self.arms.get(arm, Tally())
         if predicted is None:
-            return None if t.spt is None else t.spt + self.catch_up_spt(family_of(arm))
-        own = (t.seconds + PRIOR_TOKENS * self.kappa(family_of(arm)) * predicted) / (t.tokens + PRIOR_TOKENS)
-        return own + self.catch_up_spt(family_of(arm))
-
-    def catch_up_spt(self, family: str) -> float:
-        """e_f: seconds per token of the family that its catch-up rounds cost beyond their calibrated
-        prediction (κ_f times what was predicted for them), spread over all the family's tokens."""
-        c = self.catch_up.get(family)
-        if c is None or c.tokens <= 1e-9:
-            return 0.0
-        excess = c.predicted_seconds - self.kappa(family) * c.predicted  # over the rounds that had a prediction
-        tokens = c.tokens + self.families.get(family, Tally()).tokens
-        return max(excess, 0.0) / tokens
+            return t.spt
+        return (t.seconds + PRIOR_TOKENS * self.kappa(family_of(arm)) * predicted) / (t.tokens + PRIOR_TOKENS)
 
     def optimism(self, arm: str, price: Price) -> float:
         """o_a: how much faster than its estimate the arm could be. 2x for a prediction nothing
@@ -325,8 +306,8 @@ class ArmBook:
         incumbent's estimate when the round ran (an audit's regret is measured against it).
         own=False: a round any arm of the family would have paid for alike (a tree's first round of
         an answer: the drafter catches up on the prompt, and the answer's first token is the
-        hardest to draft), booked to the family's catch-up (e_f) and not to the arm, which one slow
-        round could otherwise rank below the trees it beats (docs/measurements/2026-12-05-sizing-record.md)."""
+        hardest to draft), booked to the family (κ) and not to the arm, which one slow round could
+        otherwise rank below the trees it beats (docs/measurements/2026-12-05-sizing-record.md)."""
         self.fade(DECAY**tokens)
         self.decode_seconds += seconds
         if audit and spt_incumbent is not None:
@@ -339,20 +320,16 @@ class ArmBook:
             return
         if own:
             self.arms.setdefault(arm, Tally()).add(tokens, seconds, spt_predicted, pass_seconds)
-        (self.families if own else self.catch_up).setdefault(family_of(arm), Tally()).add(tokens, seconds, spt_predicted, pass_seconds)
+        self.families.setdefault(family_of(arm), Tally()).add(tokens, seconds, spt_predicted, pass_seconds)
 
     def fade(self, factor: float) -> None:
         """Weigh everything measured so far by `factor` (the machine changed under it)."""
-        for tally in self._tallies():
+        for tally in (*self.arms.values(), *self.families.values()):
             tally.fade(factor)
-
-    def _tallies(self):
-        return (*self.arms.values(), *self.families.values(), *self.catch_up.values())
 
     # --- persistence --------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"arms": {a: asdict(t) for a, t in self.arms.items()}, "families": {f: asdict(t) for f, t in self.families.items()},
-                "catch_up": {f: asdict(t) for f, t in self.catch_up.items()},
                 "yardstick": None if self.yardstick is None else asdict(self.yardstick), "saved_at": self.saved_at}
 
     @classmethod
@@ -360,7 +337,7 @@ class ArmBook:
         saved_at = d.get("saved_at")
         book = cls(yardstick=Yardstick.from_dict(d.get("yardstick")),
                    saved_at=float(saved_at) if isinstance(saved_at, (int, float)) and math.isfinite(saved_at) else 0.0)
-        for key, target in (("arms", book.arms), ("families", book.families), ("catch_up", book.catch_up)):
+        for key, target in (("arms", book.arms), ("families", book.families)):
             for name, values in d.get(key, {}).items():
                 tally = Tally(**{k: float(v) for k, v in values.items() if k in Tally.__dataclass_fields__})
                 if "predicted_seconds" not in values and tally.tokens > 0:  # a book saved before it was kept

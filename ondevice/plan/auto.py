@@ -370,11 +370,11 @@ class AutoPlanner:
                 "audit_share": self.book.audit_regret / self.book.decode_seconds if self.book.decode_seconds else 0.0}
 
     def _arm_summary(self, arm: str) -> dict:
-        tally, predicted = self.book.arms.get(arm), self.prices[arm].spt
+        tally = self.book.arms.get(arm)
         measured = 1.0 / tally.spt if tally is not None and tally.spt else None
+        predicted = self.prices[arm].spt
         return {"name": arm, "estimated_tokens_per_second": self.tokens_per_second(arm), "measured_tokens_per_second": measured,
-                "measured_tokens": tally.tokens if tally else 0.0, "predicted_tokens_per_second": 1.0 / predicted if predicted else None,
-                "family_kappa": self.book.kappa(family_of(arm)), "catch_up_seconds_per_token": self.book.catch_up_spt(family_of(arm))}
+                "measured_tokens": tally.tokens if tally else 0.0, "predicted_tokens_per_second": 1.0 / predicted if predicted else None}
 
     @property
     def profile_state(self) -> str:
