@@ -391,3 +391,17 @@ HELDOUT44_CHAT = [
     "How do I keep my houseplants alive while I am away for two weeks?",
     "What should I think about before adopting a cat?",
 ]
+
+HELDOUT45_CODE = [  # written before any run of the planner in a home that had answered other prompts before
+    "Write a Python function that returns the longest word in a sentence.",
+    "Write a C function that counts how many times a character occurs in a string.",
+    "Write a Python function that flattens a list of lists by one level.",
+    "Write a JavaScript function that returns the number of days between two dates.",
+]
+
+HELDOUT45_CHAT = [
+    "How can I make my mornings less rushed before work?",
+    "What are some ways to save money on groceries each week?",
+    "How do I start learning to play the guitar as an adult?",
+    "What should I do if I cannot fall asleep at night?",
+]
