@@ -405,3 +405,10 @@ HELDOUT45_CHAT = [
     "How do I start learning to play the guitar as an adult?",
     "What should I do if I cannot fall asleep at night?",
 ]
+
+HELDOUT46_CHAT = [  # written before any run of `ondevice chat` under 0.9 GB with the drafter held
+    "How do I get my teenager interested in cooking?",
+    "What are good ways to stay focused when studying at home?",
+    "How can I tell whether a watermelon is ripe at the store?",
+    "What should I bring to a friend's house when I am invited for dinner?",
+]
