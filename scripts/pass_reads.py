@@ -2,9 +2,10 @@
 
     ONDEVICE_HOME=H python -m ondevice.eval.lowmem --cgroup 0.9GB --read-bps 1GB -- python scripts/pass_reads.py
 
-Loads the default pair as `ondevice bench --prompts chat --limit 3 -n 48` would (its memory plan:
-the drafter kept, the context and trees sized to those answers), then times chains of n nodes through the target, each in two ways: right
-after another pass (`back to back`: what a profile measures), and after a pause as long as a round's
+Loads the default pair for the answers of `ondevice bench --prompts chat --limit 3 -n 48` (the plan
+is printed first: this process is smaller than the CLI's, and the plan may take bigger trees and keep
+fewer layers), then times chains of n nodes through the target, each in two ways: right after
+another pass (`back to back`: what a profile measures), and after a pause as long as a round's
 drafting (`after a gap`: the reader fills its slots meanwhile). For each: the pass, its wait for the
 disk, the time some direct read was in flight during it, the bytes read during it and their rate.
 Medians in ms. Where the reads are in flight nearly the whole pass at the disk's rate, the pass is
