@@ -1,11 +1,11 @@
 """Held-out prompt sets: written for one measurement each and never iterated on (README's planner
 and streaming figures). Code and chat, as users ask. `ondevice bench --prompts heldout…` runs them:
-every HELDOUT<n>_CODE / HELDOUT<n>_CHAT list here and in bench/heldout_later.py is the set
-heldout<n>-code / heldout<n>-chat (`NUMBERED`)."""
+every HELDOUT<n>_CODE / HELDOUT<n>_CHAT list here, in bench/heldout_later.py and in
+bench/heldout_latest.py is the set heldout<n>-code / heldout<n>-chat (`NUMBERED`)."""
 
 import re
 
-from ondevice.bench import heldout_later
+from ondevice.bench import heldout_latest, heldout_later
 
 # Held out from everything, the planner's tuning included: written for the planner's acceptance
 # measurements (README, "How it decides"), never iterated on. Code and chat, as users ask.
@@ -177,8 +177,8 @@ HELDOUT16_CHAT = [
 
 
 def _numbered() -> dict[str, list[str]]:
-    """The numbered sets of both modules by their --prompts names, in the order they were written."""
-    sets = {**globals(), **vars(heldout_later)}
+    """The numbered sets of the three modules by their --prompts names, in the order they were written."""
+    sets = {**globals(), **vars(heldout_later), **vars(heldout_latest)}
     found = (re.fullmatch(r"HELDOUT(\d+)_(CODE|CHAT)", name) for name in sets)
     return {f"heldout{m[1]}-{m[2].lower()}": sets[m[0]] for m in found if m}
 

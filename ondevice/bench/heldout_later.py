@@ -1,5 +1,6 @@
-"""Held-out prompt sets, the later ones (heldout17 on): written for one measurement each and never
-iterated on. The earlier sets and the `NUMBERED` index of both modules are in bench/heldout.py."""
+"""Held-out prompt sets, the later ones (heldout17 to heldout40): written for one measurement each and
+never iterated on. The earlier sets and the `NUMBERED` index of all three modules are in bench/heldout.py;
+the latest are in bench/heldout_latest.py."""
 
 
 HELDOUT17_CODE = [  # written before the page-cache plan was measured (1.2 and 0.9 GB), measured once
@@ -334,81 +335,4 @@ HELDOUT40_CHAT = [
     "What is a good way to explain my job to my grandparents?",
     "How do I start running if I have never exercised regularly?",
     "What should I consider when choosing a name for a small bakery?",
-]
-
-HELDOUT41_CODE = [  # written before any run with the disk's reads capped
-    "Write a Python function that merges two sorted lists into one sorted list.",
-    "Write a TypeScript function that groups an array of objects by one of their keys.",
-    "Write a Python function that checks whether a string is a valid IPv4 address.",
-    "Write a C function that reverses a singly linked list in place.",
-]
-
-HELDOUT41_CHAT = [
-    "How can I get better at remembering the names of people I meet?",
-    "What are some easy dinners to cook when I am tired after work?",
-    "How should I prepare for my first job interview after university?",
-    "What can I do on a rainy weekend with two young children at home?",
-]
-
-HELDOUT42_CODE = [  # written before any run of the drafter's LM head in IQ4_NL
-    "Write a Python function that returns the most common element of a list and how often it occurs.",
-    "Write a Java method that checks whether two strings are anagrams of each other.",
-    "Write a Python class for a simple stack with push, pop and peek methods.",
-    "Write a JavaScript function that removes duplicate values from an array while keeping their order.",
-]
-
-HELDOUT42_CHAT = [
-    "How can I make a long car trip more pleasant for the whole family?",
-    "What are good habits for keeping my email inbox under control?",
-    "How do I choose a good book to read when I have not read in years?",
-    "What should I pack for a weekend camping trip in the mountains?",
-]
-
-HELDOUT43_CODE = [  # written before any run of the drafter held without its input table
-    "Write a Python function that returns the second largest number in a list, or None if there is none.",
-    "Write a Go function that reverses the order of the words in a sentence.",
-    "Write a Python function that counts the vowels in a string, upper and lower case alike.",
-    "Write a JavaScript function that checks whether a string is a palindrome, ignoring spaces and case.",
-]
-
-HELDOUT43_CHAT = [
-    "How can I make working from home feel less lonely?",
-    "What are some good ways to use up leftover rice?",
-    "How do I politely decline an invitation from a coworker?",
-    "What should I look for when renting my first apartment?",
-]
-
-HELDOUT44_CODE = [  # written before any run of the planner pricing a tree family's first rounds apart
-    "Write a Python function that splits a list into chunks of a given size.",
-    "Write a Rust function that returns the largest value in a slice of integers, or None if it is empty.",
-    "Write a Python function that converts a number of seconds into a string like 1h 02m 03s.",
-    "Write a JavaScript function that capitalizes the first letter of every word in a sentence.",
-]
-
-HELDOUT44_CHAT = [
-    "How can I start running regularly if I have never exercised before?",
-    "What are some polite ways to end a phone call that is going on too long?",
-    "How do I keep my houseplants alive while I am away for two weeks?",
-    "What should I think about before adopting a cat?",
-]
-
-HELDOUT45_CODE = [  # written before any run of the planner in a home that had answered other prompts before
-    "Write a Python function that returns the longest word in a sentence.",
-    "Write a C function that counts how many times a character occurs in a string.",
-    "Write a Python function that flattens a list of lists by one level.",
-    "Write a JavaScript function that returns the number of days between two dates.",
-]
-
-HELDOUT45_CHAT = [
-    "How can I make my mornings less rushed before work?",
-    "What are some ways to save money on groceries each week?",
-    "How do I start learning to play the guitar as an adult?",
-    "What should I do if I cannot fall asleep at night?",
-]
-
-HELDOUT46_CHAT = [  # written before any run of `ondevice chat` under 0.9 GB with the drafter held
-    "How do I get my teenager interested in cooking?",
-    "What are good ways to stay focused when studying at home?",
-    "How can I tell whether a watermelon is ripe at the store?",
-    "What should I bring to a friend's house when I am invited for dinner?",
 ]
