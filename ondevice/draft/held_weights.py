@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ondevice.files.gguf_header import read_header
+from ondevice.machine.facts import drop_page_cache
 from ondevice.machine.repack_layouts import repacks_here
 from ondevice.targets.page_cache import MADV_DONTNEED, MADV_RANDOM, MAP_FIXED, PAGE, Span, advise, find_mappings, mapping_libc, tensor_span
 
@@ -92,12 +93,7 @@ def let_go(path: str | Path) -> bool:
             table = tensor_span(mapping, tensors[INPUT_TABLE].offset, tensors[INPUT_TABLE].nbytes)
             if table is not None:
                 advise(libc, table, MADV_RANDOM)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)  # a copy written moments ago (its first load): pages not yet on disk are not dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # nothing mapped from it is held now
-        finally:
-            os.close(fd)
+        drop_page_cache(Path(path))  # nothing mapped from it is held now (flushed first: a copy written moments ago)
     except OSError:
         return False
     return True

@@ -17,7 +17,8 @@ import time
 import torch
 from torch import nn
 
-from ondevice.offload.disk import DiskReader, drop_page_cache
+from ondevice.machine.facts import drop_page_cache
+from ondevice.offload.disk import DiskReader
 from ondevice.offload.layout import gguf_tensor_index, layout_from_gguf
 from ondevice.sizes import format_bytes
 

@@ -72,15 +72,6 @@ def read_ranges(fds: int | Sequence[int], ranges: Sequence[FileRange], out: torc
     return total
 
 
-def drop_page_cache(path: str) -> None:
-    """Ask the kernel to forget the file's cached pages (works without root for clean pages)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 @dataclass
 class ReadTicket:
     layer: int
