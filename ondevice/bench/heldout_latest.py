@@ -78,3 +78,17 @@ HELDOUT46_CHAT = [  # written before any run of `ondevice chat` under 0.9 GB wit
     "How can I tell whether a watermelon is ripe at the store?",
     "What should I bring to a friend's house when I am invited for dinner?",
 ]
+
+HELDOUT47_CODE = [  # written before any run of the load weighing tree sizes against kept layers
+    "Write a Python function that returns the second largest number in a list.",
+    "Write a Go function that reverses the words in a sentence.",
+    "Write a Python function that checks whether two strings are anagrams of each other.",
+    "Write a TypeScript function that removes duplicate values from an array of numbers.",
+]
+
+HELDOUT47_CHAT = [
+    "How can I make a long car trip with small children more pleasant?",
+    "What are some easy ways to drink more water during the day?",
+    "How do I prepare for my first job interview in years?",
+    "What should I think about before buying a used bicycle?",
+]
