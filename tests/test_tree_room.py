@@ -13,7 +13,7 @@ from ondevice.loading import choices, options, profiling
 from ondevice.loading import plan as load_plan
 from ondevice.machine import ram
 from ondevice.loading.memory import OUTPUT_LAYER
-from ondevice.loading.tree_room import CLOSE, TreeRoom, fastest_room, price_tree_sizes, shifted_curve, trees_or_layers
+from ondevice.loading.tree_room import TreeRoom, fastest_room, price_tree_sizes, shifted_curve, trees_or_layers
 from ondevice.plan.acceptance import default_p_rank
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import Curves
@@ -53,11 +53,11 @@ def test_where_big_passes_compute_longer_than_they_read_the_room_keeps_layers():
         assert abs(room.predicted_tokens_per_second - expected) < 1e-9
 
 
-def test_sizes_predicted_within_close_of_the_fastest_keep_the_larger():
+def test_the_size_predicted_fastest_is_taken_and_of_sizes_as_fast_the_largest():
     rooms = [TreeRoom(32, 0, 0, 9.7, "a"), TreeRoom(16, 0, 0, 10.0, "b"), TreeRoom(8, 0, 0, 10.1, "c")]
-    assert fastest_room(rooms).max_tree == 32
-    rooms[0] = TreeRoom(32, 0, 0, 10.1 * CLOSE - 0.01, "a")
-    assert fastest_room(rooms).max_tree == 16
+    assert fastest_room(rooms).max_tree == 8
+    rooms[1] = TreeRoom(16, 0, 0, 10.1, "b")
+    assert fastest_room(rooms).max_tree == 16 and fastest_room([]) is None
 
 
 LOAD = dict(target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=True)

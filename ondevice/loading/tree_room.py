@@ -26,8 +26,6 @@ from ondevice.loading.plan import LoadPlan
 from ondevice.plan.cost_model import choose_plan
 from ondevice.plan.curve import Curves, LatencyCurve, upto
 
-CLOSE = 0.95  # sizes predicted within this factor of the fastest are as fast: the prediction is no finer
-
 
 @dataclass(frozen=True)
 class TreeRoom:
@@ -69,10 +67,9 @@ def price_tree_sizes(curves: Curves, timed_bytes: int, plans: dict[int, tuple[in
 
 
 def fastest_room(rooms: list[TreeRoom]) -> TreeRoom | None:
-    """The size predicted fastest, or the largest (the first) predicted within CLOSE of it: the planner
-    can run smaller trees in larger buffers, not the reverse."""
-    best = max((room.predicted_tokens_per_second for room in rooms), default=None)
-    return None if best is None else next(room for room in rooms if room.predicted_tokens_per_second >= CLOSE * best)
+    """The size predicted fastest; of sizes predicted as fast, the largest (the planner can run smaller
+    trees in larger buffers, not the reverse)."""
+    return max(rooms, key=lambda room: (room.predicted_tokens_per_second, room.max_tree), default=None)
 
 
 def trees_or_layers(plan: LoadPlan, profile, p_rank) -> tuple[LoadPlan, list[TreeRoom]]:
