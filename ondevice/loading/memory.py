@@ -23,11 +23,11 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
                            evenly through the pass, stay cached (`kept_layers`), and every pass reads
                            the others and the LM head from disk (`bytes_read_per_pass`).
 
-When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
-cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
-buffers leave the streaming window free and the LM head kept, where any size keeps it (a streamed
-head needs all its size at the end of every pass, and sends every layer through the page cache,
-targets/page_cache.py, not the direct reads of targets/direct_window.py). The plan also says when
+When the target streams, a tree's logits cost memory (n_vocab × 4 bytes per node, twice): `max_tree`
+is the largest of TREE_SIZES whose buffers leave the streaming window free and the LM head kept,
+where any size keeps it (a streamed head needs all its size at the end of every pass, and sends every
+layer through the page cache, targets/page_cache.py, not the direct reads of targets/direct_window.py);
+once the passes are timed, loading/tree_room.py may size them for a smaller one. The plan also says when
 the drafter alone keeps the target out of RAM (loading/drafter_room.py weighs it against the layers
 its RAM would keep). On a GPU (torch target): `ondevice.targets.offloaded.plan_offload`.
 
@@ -54,9 +54,7 @@ CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
 TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
 DECODE_COPIES = 2  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
-TREE_SIZES = (64, 32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more
-# nodes costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes,
-# twice) come out of the page cache that holds the target
+TREE_SIZES = (64, 32, 16, 8)  # max_tree of a streaming target, largest first (weighed against kept layers: loading/tree_room.py)
 IN_RAM_MAX_TREE = 512  # a CPU target in RAM: --budget up to 511 (its profile, and so the planner, stop at 256)
 DRAFT_BATCH = 64  # nodes a drafter decodes in one call (LlamaDrafter's max_batch)
 

@@ -1,5 +1,6 @@
-"""The load sequence: choose the files, plan the load once (loading/choices.py), keep the drafter or
-give its RAM to a streaming target's layers (loading/drafter_room.py), open the target and drafter as
+"""The load sequence: choose the files, plan the load once (loading/choices.py); where the target
+streams, size its buffers for the trees that pay against the layers they take (loading/tree_room.py)
+and keep the drafter or give its RAM to the target's layers (loading/drafter_room.py); open the target and drafter as
 planned (targets/loader.py, draft/loader.py) and wire them into the decode engine. pipeline.py makes
 the running `Pipeline` of what this opens.
 """

@@ -2,19 +2,20 @@
 
 Where the target streams from disk, each node a tree may hold takes logits and compute buffers
 (n_vocab × 4 bytes a node, twice, and the drafter's rows) out of the room that keeps the target's
-layers cached: the default pair under a 0.9 GB limit reads about 13% more per pass with trees of up
-to 32 nodes than with trees of up to 16. The memory plan takes the largest size that keeps the LM
-head (loading/memory.py), sizes alone. Once the streaming profile has timed the passes
-(loading/profiling.streaming_profile), `trees_or_layers` weighs each size up to it with the cost
-model the planner decides by (plan/cost_model.choose_plan):
+layers cached, so larger trees mean more read every pass, whatever tree a round then drafts. The
+memory plan takes the largest size that keeps the LM head (loading/memory.py), from sizes alone.
+Once the streaming profile has timed the passes (loading/profiling.streaming_profile),
+`trees_or_layers` weighs each size up to it with the cost model the planner decides by
+(plan/cost_model.choose_plan):
 
     pass(n) for trees up to t  =  the timed pass of n tokens  +  (bytes(t) − bytes timed) × pass(1) ÷ bytes timed
 
 (what the plan for t reads more or less than the plan the profile was timed under, at the rate the
 1-token pass read), its points up to t nodes, with the drafter's timed calls and the pair's
-acceptance; the size with the fastest predicted tok/s is loaded. On two cores a pass over 32 nodes
-computes longer than its layers take to read, so the room is worth more as kept layers; where the
-disk is the bound, a pass costs about the same for 8 or 32 nodes and the larger trees win.
+acceptance; the size with the fastest predicted tok/s is loaded. Where a pass over more nodes
+computes longer than its layers take to read, or the trees they allow add few tokens, the room is
+worth more as kept layers; where the disk is the bound and buffers cost little, the larger trees
+win. Measured: docs/measurements/2026-12-07-trees-or-layers.md.
 """
 
 from __future__ import annotations
