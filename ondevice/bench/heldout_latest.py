@@ -92,3 +92,17 @@ HELDOUT47_CHAT = [
     "How do I prepare for my first job interview in years?",
     "What should I think about before buying a used bicycle?",
 ]
+
+HELDOUT48_CODE = [  # written before any run of the load weighing tree sizes against kept layers from a home that answered before
+    "Write a Python function that returns the most common character in a string.",
+    "Write a Java method that checks whether a number is prime.",
+    "Write a Python function that merges two dictionaries, adding the values of keys found in both.",
+    "Write a JavaScript function that returns the sum of the digits of a positive integer.",
+]
+
+HELDOUT48_CHAT = [
+    "How can I get better at remembering people's names?",
+    "What are some fun things to do on a rainy weekend at home?",
+    "How do I start composting in a small apartment?",
+    "What should I pack for a three-day hiking trip?",
+]
