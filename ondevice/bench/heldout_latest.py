@@ -106,3 +106,17 @@ HELDOUT48_CHAT = [
     "How do I start composting in a small apartment?",
     "What should I pack for a three-day hiking trip?",
 ]
+
+HELDOUT49_CODE = [  # written before any run of the tree-size weighing with the disk's reads not capped
+    "Write a Python function that returns the indices of the two numbers in a list that add up to a target.",
+    "Write a C function that reverses a singly linked list.",
+    "Write a Python function that converts a Roman numeral to an integer.",
+    "Write a JavaScript function that groups an array of objects by the value of a given key.",
+]
+
+HELDOUT49_CHAT = [
+    "How can I make my small balcony feel like a garden?",
+    "What are some ways to keep a conversation going on a first date?",
+    "How do I get back into reading books after years of not reading?",
+    "What should I consider before switching to a standing desk?",
+]
