@@ -9,6 +9,7 @@ import json
 
 import ondevice
 from ondevice.catalog.choose import choose
+from ondevice.cli.bench_cmd import save_report
 from ondevice.loading import choices, options, profiling
 from ondevice.loading import plan as load_plan
 from ondevice.machine import ram
@@ -111,4 +112,5 @@ def test_a_streaming_load_reports_the_sizes_it_weighed_and_answers_as_the_target
         assert f"trees up to {pipe.memory.sizes.max_tree} nodes" in pipe.placement
         tokens, stats = answer(pipe, DraftSpec("best-first", min(8, pipe.memory.sizes.max_tree - 1)))
         assert pipe.stats_json(stats)["tree_sizes"] == weighed
+        assert save_report(None, pipe, [], 24, 1, "tiny")["tree_sizes"] == weighed  # bench --json
     assert tokens == reference
