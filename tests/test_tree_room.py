@@ -97,6 +97,7 @@ def test_the_load_sizes_its_buffers_for_the_size_priced_fastest(tmp_path, monkey
     assert [room.max_tree for room in rooms] == [64, 32, 16, 8]
     assert sized.memory.sizes.max_tree == fastest_room(rooms).max_tree < 64
     assert sized.memory.budget == plan.memory.budget and sized.lean == plan.lean
+    assert sized.memory.decode_slack == plan.memory.decode_slack  # what decoding adds does not shrink with the buffers
     assert sized.memory.kept_layer_count >= plan.memory.kept_layer_count and sized.memory.bytes_read_per_pass <= timed
     profile.streamed_bytes = 0  # a profile saved before it recorded its reads: nothing to weigh
     assert trees_or_layers(plan, profile, default_p_rank()) == (plan, [])

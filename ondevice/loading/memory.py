@@ -196,6 +196,7 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
     ahead: int = 0  # a streaming target's page cache is steered with this many layers in flight (0: not)
     steered: bool = True  # False: the file mapped and left to the kernel's page cache (`unsteered`)
+    slack_tree: int = 0  # decode_slack kept for trees of this many nodes: what decoding adds does not shrink with smaller buffers
 
     @property
     def resident_bytes(self) -> int:
@@ -214,11 +215,10 @@ class MemoryPlan:
 
     @property
     def decode_slack(self) -> int:
-        """Room the kept layers leave for what decoding adds past the plan: DECODE_COPIES copies of
-        the largest tree's logits (Python's own copy, verification's): without it that memory is
-        taken from the kept layers, which then fault back a page at a time during compute
-        (docs/measurements/code-notes.md, "Decode slack")."""
-        return DECODE_COPIES * self.sizes.max_tree * self.target.n_vocab * F32 if self.streams else 0
+        """Room the kept layers leave for what decoding adds past the plan: DECODE_COPIES copies of the
+        logits of the largest tree (or of `slack_tree` nodes: loading/tree_room.py), else taken from the
+        kept layers, which fault back a page at a time during compute (code-notes.md, "Decode slack")."""
+        return DECODE_COPIES * max(self.sizes.max_tree, self.slack_tree) * self.target.n_vocab * F32 if self.streams else 0
 
     @property
     def streams(self) -> bool:
@@ -359,6 +359,7 @@ def plan_memory(
     ahead: int = 0,
     tree_nodes: int | None = None,
     drafter_bytes: int | None = None,
+    slack_tree: int = 0,
 ) -> MemoryPlan:
     """Where the target lives and how big the buffers may be; nothing is loaded.
 
@@ -371,7 +372,7 @@ def plan_memory(
     drafter model: its free drafters' trees, a few nodes): a streaming target's buffers are then sized
     for the smallest of TREE_SIZES that holds it, and the rest of the RAM keeps more of its layers.
     drafter_bytes: what the drafter's weights hold in RAM where less than its file (draft/held_weights.py).
-    """
+    slack_tree: MemoryPlan.slack_tree."""
     budget = budget or ram_budget()
     process = (anon_rss() or psutil.Process().memory_info().rss) if process_bytes is None else process_bytes
     drafter_bytes = 0 if drafter is None else drafter.file_bytes if drafter_bytes is None else drafter_bytes
@@ -379,7 +380,8 @@ def plan_memory(
     def plan(tree: int, in_ram: bool, notes=()) -> MemoryPlan:
         sizes = context_sizes(n_ctx, tree, streams=not in_ram)
         buffers = _buffers(target, drafter, n_ctx, sizes, kv_bytes=F32 if in_ram else F16)
-        return MemoryPlan(budget, target, drafter_bytes, process, buffers, sizes, in_ram, list(notes), 0 if in_ram else ahead)
+        return MemoryPlan(budget, target, drafter_bytes, process, buffers, sizes, in_ram, list(notes), 0 if in_ram else ahead,
+                          slack_tree=slack_tree)
 
     full = plan(max_tree, True)
     if full.resident_bytes + target.working_bytes + MARGIN <= budget.bytes:
