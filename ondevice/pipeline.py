@@ -206,7 +206,6 @@ class Pipeline:
             "planner": self.planner.summary() if self.plan is not None and self.planner is not None else None,
             **_placement_json(self.engine.target, self.memory),
             "drafter_choice": self.info.get("drafter_choice"),  # a streaming target: the drafter kept or left out, and why
-            "tree_sizes": self.info.get("tree_sizes") or None,  # a streaming target: the tree sizes its buffers were weighed for
             "peak_rss_bytes": self.peak_rss(),  # this process's own footprint (its memory and mapped pages)
             "anon_rss_bytes": anon_rss(),
         }

@@ -75,8 +75,7 @@ def save_report(out: str | None, pipe, results: list[BenchResult], max_tokens: i
               "threads": pipe.info.get("threads"), "max_tokens": max_tokens, "prompts": prompts, "prompt_set": prompt_set,
               "results": [r.to_dict() for r in results], "sweep": sweep_verdict(results), "curves": curves,
               "placement": pipe.memory.to_dict() if pipe.memory is not None else pipe.placement,
-              "drafter_choice": pipe.info.get("drafter_choice"),  # a streaming target: the drafter kept or left out, and why
-              "tree_sizes": pipe.info.get("tree_sizes") or None}  # ... and the tree sizes its buffers were weighed for
+              "drafter_choice": pipe.info.get("drafter_choice")}  # a streaming target: the drafter kept or left out, and why
     if pipe.info.get("repacked_stream") and isinstance(report["placement"], dict):
         report["placement"]["layout"] = "repacked"  # streamed from its copy in llama.cpp's repacked layouts
     if getattr(pipe.engine.target, "split", None) is not None:  # --rpc: where each layer lives, the traffic per pass

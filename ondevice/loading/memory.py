@@ -23,11 +23,11 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
                            evenly through the pass, stay cached (`kept_layers`), and every pass reads
                            the others and the LM head from disk (`bytes_read_per_pass`).
 
-When the target streams, a tree's logits cost memory (n_vocab × 4 bytes per node, twice): `max_tree`
-is the largest of TREE_SIZES whose buffers leave the streaming window free and the LM head kept,
-where any size keeps it (a streamed head needs all its size at the end of every pass, and sends every
-layer through the page cache, targets/page_cache.py, not the direct reads of targets/direct_window.py);
-once the passes are timed, loading/tree_room.py may size them for a smaller one. The plan also says when
+When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
+cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
+buffers leave the streaming window free and the LM head kept, where any size keeps it (a streamed
+head needs all its size at the end of every pass, and sends every layer through the page cache,
+targets/page_cache.py, not the direct reads of targets/direct_window.py). The plan also says when
 the drafter alone keeps the target out of RAM (loading/drafter_room.py weighs it against the layers
 its RAM would keep). On a GPU (torch target): `ondevice.targets.offloaded.plan_offload`.
 
@@ -54,7 +54,9 @@ CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
 TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
 DECODE_COPIES = 2  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
-TREE_SIZES = (64, 32, 16, 8)  # max_tree of a streaming target, largest first (weighed against kept layers: loading/tree_room.py)
+TREE_SIZES = (64, 32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more
+# nodes costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes,
+# twice) come out of the page cache that holds the target
 IN_RAM_MAX_TREE = 512  # a CPU target in RAM: --budget up to 511 (its profile, and so the planner, stop at 256)
 DRAFT_BATCH = 64  # nodes a drafter decodes in one call (LlamaDrafter's max_batch)
 
@@ -196,7 +198,6 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
     ahead: int = 0  # a streaming target's page cache is steered with this many layers in flight (0: not)
     steered: bool = True  # False: the file mapped and left to the kernel's page cache (`unsteered`)
-    slack_tree: int = 0  # decode_slack kept for trees of this many nodes: what decoding adds does not shrink with smaller buffers
 
     @property
     def resident_bytes(self) -> int:
@@ -215,10 +216,11 @@ class MemoryPlan:
 
     @property
     def decode_slack(self) -> int:
-        """Room the kept layers leave for what decoding adds past the plan: DECODE_COPIES copies of the
-        logits of the largest tree (or of `slack_tree` nodes: loading/tree_room.py), else taken from the
-        kept layers, which fault back a page at a time during compute (code-notes.md, "Decode slack")."""
-        return DECODE_COPIES * max(self.sizes.max_tree, self.slack_tree) * self.target.n_vocab * F32 if self.streams else 0
+        """Room the kept layers leave for what decoding adds past the plan: DECODE_COPIES copies of
+        the largest tree's logits (Python's own copy, verification's): without it that memory is
+        taken from the kept layers, which then fault back a page at a time during compute
+        (docs/measurements/code-notes.md, "Decode slack")."""
+        return DECODE_COPIES * self.sizes.max_tree * self.target.n_vocab * F32 if self.streams else 0
 
     @property
     def streams(self) -> bool:
@@ -359,7 +361,6 @@ def plan_memory(
     ahead: int = 0,
     tree_nodes: int | None = None,
     drafter_bytes: int | None = None,
-    slack_tree: int = 0,
 ) -> MemoryPlan:
     """Where the target lives and how big the buffers may be; nothing is loaded.
 
@@ -372,7 +373,7 @@ def plan_memory(
     drafter model: its free drafters' trees, a few nodes): a streaming target's buffers are then sized
     for the smallest of TREE_SIZES that holds it, and the rest of the RAM keeps more of its layers.
     drafter_bytes: what the drafter's weights hold in RAM where less than its file (draft/held_weights.py).
-    slack_tree: MemoryPlan.slack_tree."""
+    """
     budget = budget or ram_budget()
     process = (anon_rss() or psutil.Process().memory_info().rss) if process_bytes is None else process_bytes
     drafter_bytes = 0 if drafter is None else drafter.file_bytes if drafter_bytes is None else drafter_bytes
@@ -380,8 +381,7 @@ def plan_memory(
     def plan(tree: int, in_ram: bool, notes=()) -> MemoryPlan:
         sizes = context_sizes(n_ctx, tree, streams=not in_ram)
         buffers = _buffers(target, drafter, n_ctx, sizes, kv_bytes=F32 if in_ram else F16)
-        return MemoryPlan(budget, target, drafter_bytes, process, buffers, sizes, in_ram, list(notes), 0 if in_ram else ahead,
-                          slack_tree=slack_tree)
+        return MemoryPlan(budget, target, drafter_bytes, process, buffers, sizes, in_ram, list(notes), 0 if in_ram else ahead)
 
     full = plan(max_tree, True)
     if full.resident_bytes + target.working_bytes + MARGIN <= budget.bytes:

@@ -1,6 +1,5 @@
-"""The load sequence: choose the files, plan the load once (loading/choices.py); where the target
-streams, size its buffers for the trees that pay against the layers they take (loading/tree_room.py)
-and keep the drafter or give its RAM to the target's layers (loading/drafter_room.py); open the target and drafter as
+"""The load sequence: choose the files, plan the load once (loading/choices.py), keep the drafter or
+give its RAM to a streaming target's layers (loading/drafter_room.py), open the target and drafter as
 planned (targets/loader.py, draft/loader.py) and wire them into the decode engine. pipeline.py makes
 the running `Pipeline` of what this opens.
 """
@@ -21,9 +20,7 @@ from ondevice.loading.options import Answers, LoadOptions
 from ondevice.loading.plan import LoadPlan
 from ondevice.loading.rpc_load import profile_split
 from ondevice.loading.profiling import profile_backends, streaming_profile
-from ondevice.loading.tree_room import trees_or_layers
 from ondevice.machine.ram import anon_rss, trim_heap
-from ondevice.plan.acceptance import AcceptanceTracker
 from ondevice.plan.profile import ProfileBackends
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.targets.llama_target import LlamaTarget
@@ -51,10 +48,9 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     tokenizer = Tokenizer(files.target)
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
     plan = plan_load(opts, files, process, answers, tokenizer, status)
-    choice, lean_curve, speed, rooms = None, None, None, []
+    choice, lean_curve, speed = None, None, None
     if plan.streams and files.drafter is not None:  # with the drafter asked for too: its profile is measured apart
         profile = streaming_profile(plan)  # measured apart: see there
-        plan, rooms = trees_or_layers(plan, profile, AcceptanceTracker.load(files.name).p_rank)
         plan, choice = drafter_or_layers(plan, profile, status)
         files, lean_curve, speed = plan.files, drafterless_curve(profile, plan), yardstick(profile)
     drafter = None
@@ -72,6 +68,5 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     engine = SpecEngine(target, with_lookup(drafter, target.n_vocab) if opts.draft else None, tokenizer.is_end, overlap=overlap)
     repacked = getattr(target, "marks", None) is not None  # streamed from its copy in llama.cpp's repacked layouts
     placement = target.placement_summary() if plan.memory is None else plan.memory.describe(repacked)
-    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None, "repacked_stream": repacked,
-            "tree_sizes": [room.to_dict() for room in rooms]}
+    info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None, "repacked_stream": repacked}
     return OpenPair(files, tokenizer, engine, plan, backends, choice, placement, info)

@@ -13,7 +13,7 @@ from ondevice.catalog.hub import PairFiles
 from ondevice.draft.held_weights import held_bytes
 from ondevice.draft.loader import load_drafter
 from ondevice.draft.requantized import drafter_weights
-from ondevice.loading.memory import IN_RAM_MAX_TREE, MemoryPlan, ModelSize, plan_memory
+from ondevice.loading.memory import MemoryPlan, ModelSize, plan_memory
 from ondevice.loading.options import LoadOptions
 from ondevice.machine.facts import cuda_available, default_threads
 from ondevice.machine.ram import RamBudget, ram_budget, unmap_large_frees
@@ -59,14 +59,6 @@ class LoadPlan:
         return open_target(backend or self.target_backend, self.files.target, self.n_ctx, self.threads, opts, memory,
                            self.split if backend is None else None)
 
-    def with_trees_up_to(self, max_tree: int) -> LoadPlan:
-        """This plan with a streaming target's buffers sized for trees of at most `max_tree` nodes, in
-        the same budget: the room the larger trees' buffers took keeps more of its layers cached, less the
-        decode slack this plan's trees leave (MemoryPlan.decode_slack)."""
-        plans = MemoryPlans(self.files, self.options, self.memory.process_bytes, budget=self.memory.budget, max_tree=max_tree,
-                            slack_tree=max(self.memory.sizes.max_tree, self.memory.slack_tree))
-        return replace(self, memory=plans.plan(self.target_backend, self.drafter_backend, self.n_ctx))
-
     def open_drafter(self, backend: str | None = None, target_vocab: int | None = None):
         """The drafter model as planned, or on another `backend` (buffers not sized by the plan)."""
         memory = self.memory if backend is None else None
@@ -78,17 +70,15 @@ class MemoryPlans:
     """The memory plans of one load, within --ram-memory or the RAM this process may use: each GGUF
     header is read once, and each plan made once (one per drafter file and context asked)."""
 
-    def __init__(self, files: PairFiles, opts: LoadOptions, process_bytes: int | None = None, budget: RamBudget | None = None,
-                 max_tree: int = IN_RAM_MAX_TREE, slack_tree: int = 0):
+    def __init__(self, files: PairFiles, opts: LoadOptions, process_bytes: int | None = None):
         self.files, self.opts, self.process_bytes = files, opts, process_bytes
-        self.budget, self.max_tree, self.slack_tree = budget, max_tree, slack_tree  # budget None: the RAM this process may use then
         self._sizes: dict[tuple[Path, int, int], ModelSize] = {}
         self._plans: dict[tuple, MemoryPlan] = {}
         self.split: RpcSplit | None = None  # --rpc: the split of the last plan made
 
     def without_drafter(self) -> MemoryPlans:
         """The plans of the same load without the drafter model (the headers already read are kept)."""
-        lean = MemoryPlans(replace(self.files, drafter=None), self.opts, self.process_bytes, self.budget, self.max_tree, self.slack_tree)
+        lean = MemoryPlans(replace(self.files, drafter=None), self.opts, self.process_bytes)
         lean._sizes = self._sizes
         return lean
 
@@ -120,8 +110,7 @@ class MemoryPlans:
                 self._plans[key], self.split = plan_split_load(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
             else:
                 held = held_bytes(drafter, sizes.file_bytes, sizes.embd_bytes) if sizes is not None and drafter_backend == "llama" else None
-                self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes, held,
-                                            self.budget, self.max_tree, self.slack_tree)
+                self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes, held)
         return self._plans[key]
 
 
@@ -133,19 +122,16 @@ def file_identity(path: Path) -> tuple[Path, int, int]:
 
 
 def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, process_bytes: int | None = None,
-             drafter_bytes: int | None = None, budget: RamBudget | None = None, max_tree: int = IN_RAM_MAX_TREE,
-             slack_tree: int = 0) -> MemoryPlan:
+             drafter_bytes: int | None = None) -> MemoryPlan:
     """The memory plan for a llama.cpp target and drafter of these sizes, within --ram-memory or the
-    RAM this process may use, or `budget` (also for models that exist only as sizes: synthetic, not
-    downloaded). drafter_bytes: what the drafter holds in RAM, where less than its file
-    (draft/held_weights.py). max_tree: the largest tree wanted (a streaming target gets at most this);
-    slack_tree: MemoryPlan.slack_tree."""
-    budget = budget or ram_budget()
+    RAM this process may use (also for models that exist only as sizes: synthetic, not downloaded).
+    drafter_bytes: what the drafter holds in RAM, where less than its file (draft/held_weights.py)."""
+    budget = ram_budget()
     if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
         budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
     tree_nodes = (opts.free_tree_nodes or FREE_TREE_NODES) if drafter is None else None  # no drafter model: free trees only
-    return plan_memory(target, drafter, n_ctx=opts.context, max_tree=max_tree, budget=budget, ahead=WINDOW_AHEAD,
-                       process_bytes=process_bytes, tree_nodes=tree_nodes, drafter_bytes=drafter_bytes, slack_tree=slack_tree)
+    return plan_memory(target, drafter, n_ctx=opts.context, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes,
+                       tree_nodes=tree_nodes, drafter_bytes=drafter_bytes)
 
 
 def pick_backend(name: str) -> str:

@@ -94,7 +94,6 @@ class Profile:
     others_cores: float = 0.0  # what other processes used during the disturbed samples
     target_context: int = 64  # tokens of context the target passes were timed over
     alone: dict | None = None  # streaming pairs: the target's 1-token pass without the drafter (loading/drafter_room.AlonePass)
-    streamed_bytes: int = 0  # what a streamed target's pass read while its curve was timed (its memory plan); 0: in RAM, or not known
 
     def curves_for(self, target: str, drafter: str) -> Curves:
         return Curves(self.targets[target], self.drafters[drafter])
@@ -107,7 +106,7 @@ class Profile:
                 "model_files": self.model_files, "overlap_possible": self.overlap_possible,
                 "created": self.created, "measure_seconds": self.measure_seconds, "target_placement": self.target_placement,
                 "busy": self.busy, "others_cores": self.others_cores, "target_context": self.target_context,
-                "alone": self.alone, "streamed_bytes": self.streamed_bytes}  # fmt: skip
+                "alone": self.alone}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
@@ -117,8 +116,7 @@ class Profile:
         return cls(d["pair"], d["backend"], MachineFacts.from_dict(d["machine"]), Bandwidths(**d["bandwidths"]),
                    Curves.from_dict(d["curves"]), d["model_files"], d["overlap_possible"], d["created"], d["measure_seconds"],
                    curves(d["targets"]), curves(d["drafters"]), d.get("skipped", {}), d.get("target_placement", "ram"),
-                   bool(d.get("busy", False)), float(d.get("others_cores", 0.0)), int(d.get("target_context", 64)), d.get("alone"),
-                   int(d.get("streamed_bytes", 0)))  # fmt: skip
+                   bool(d.get("busy", False)), float(d.get("others_cores", 0.0)), int(d.get("target_context", 64)), d.get("alone"))  # fmt: skip
 
 
 def profile_path(fingerprint: str, pair: str, backend: str) -> Path:
@@ -198,8 +196,6 @@ def profile_steps(profile: Profile, backends: ProfileBackends, compare: bool = F
                 passes.undo()
             profile.targets[name] = timing.curve
             profile.target_context = passes.context
-            if name == backends.target_name:
-                profile.streamed_bytes = backends.memory.bytes_read_per_pass if backends.memory is not None else 0
             _note(profile, timing)
             widest = max(widest, timing.curve.max_n)
         target = None  # one model in memory at a time (the loaded one stays with the pipeline)
