@@ -58,7 +58,7 @@ def estimate(planner, arm: str, spt: float) -> dict:
     """What the planner believes of an arm: its estimate, prediction, predicted tokens a pass, κ, measured tokens."""
     price, tally = planner.prices[arm], planner.book.arms.get(arm)
     return {"arm": arm, "estimate": round(1 / spt, 2), "predicted": round(1 / price.spt, 2) if price.spt else None,
-            "predicted_tokens_per_pass": round(price.round_seconds / price.spt, 2) if price.spt and price.round_seconds else None,
+            "predicted_tokens_per_pass": round(price.tokens_per_round, 2) if price.tokens_per_round else None,
             "kappa": round(planner.book.kappa(family_of(arm)), 2), "measured_tokens": round(tally.tokens, 1) if tally else 0}
 
 

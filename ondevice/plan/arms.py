@@ -149,14 +149,18 @@ class Price:
     pass_seconds: float | None = None  # the target pass's share of round_seconds
     longest_round: float | None = None  # the longest a round could take (a tree drafting a chain: cost_model.longest_round)
 
+    @property
+    def tokens_per_round(self) -> float | None:
+        """The tokens a round is predicted to emit (None: no prediction of its round)."""
+        return self.round_seconds / self.spt if self.spt and self.round_seconds is not None else None
+
     def after_pass(self, measured_pass: float) -> float | None:
         """The prediction for a round whose target pass took `measured_pass`: the pass time is the
         curve's to learn (rescale.py); what the arm learns is the rest — drafting, acceptance,
         overhead. Learning the pass time twice (the curve and the arm's ratio) double-counts it."""
         if self.spt is None or self.round_seconds is None or self.pass_seconds is None:
             return self.spt
-        tokens = self.round_seconds / self.spt
-        return max(self.round_seconds - self.pass_seconds + measured_pass, 1e-9) / tokens
+        return max(self.round_seconds - self.pass_seconds + measured_pass, 1e-9) / self.tokens_per_round
 
 
 @dataclass
