@@ -120,3 +120,17 @@ HELDOUT49_CHAT = [
     "How do I get back into reading books after years of not reading?",
     "What should I consider before switching to a standing desk?",
 ]
+
+HELDOUT50_CODE = [  # written before any run of the target streaming without llama.cpp's copy of the vocabulary
+    "Write a Python function that flattens a nested list of any depth.",
+    "Write a Go function that counts the words in a string.",
+    "Write a Python function that returns True if two strings are anagrams of each other.",
+    "Write a JavaScript function that debounces another function by a given number of milliseconds.",
+]
+
+HELDOUT50_CHAT = [
+    "How can I keep my houseplants alive while I am away for two weeks?",
+    "What are good ways to save money on groceries each month?",
+    "How do I prepare for a job interview over video call?",
+    "What should I know before adopting an older dog?",
+]
