@@ -38,6 +38,7 @@ import numpy as np
 
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_gguf_file
+from ondevice.files.gguf_header import read_header
 from ondevice.machine.facts import default_threads
 from ondevice.machine.llama_repack import cpu_has_amx, repack_runs
 from ondevice.machine.repack_layouts import repack_overrides
@@ -92,13 +93,17 @@ def _backend_ready() -> bool:
 # --- models -----------------------------------------------------------------------------------
 
 
-def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True, configure=None):
+def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True, vocab: bool = True,
+               configure=None):
     """Load a GGUF with the crash guard; returns llama.cpp's model handle (free it with llama_model_free).
 
     resident: read the weights into anonymous memory instead of mapping the file, so the page cache
     cannot evict them (a drafter beside a target that streams). repack: let llama.cpp copy weights
     into its faster CPU layouts (anonymous memory too; off for a target that must stay mapped): all
     its extra buffer types where `repack_runs`, else (a CPU with AMX) CPU_REPACK weight by weight.
+    vocab: False loads the model without its tokenizer (`no_vocabulary`): a model fed token ids or
+    embeddings and read for logits never uses it, and llama.cpp's copy of a 152k-token vocabulary
+    holds ~40 MB of RAM (docs/measurements/2026-12-07-vocabulary-once.md).
     configure(params): sets more of llama_model_params last (a split across workers: loading/rpc_split.py).
     """
     path = check_gguf_file(path)
@@ -111,9 +116,25 @@ def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = Fals
     overrides = repack_overrides(path) if repack and not params.use_extra_bufts and n_gpu_layers == 0 and configure is None else None
     if overrides is not None:
         params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    kv = None if vocab else no_vocabulary(path)  # held here: llama.cpp reads it while it loads
+    if kv is not None:
+        params.kv_overrides = ctypes.cast(kv, ctypes.POINTER(llama_cpp.llama_model_kv_override))
     if configure is not None:
         configure(params)
     return _load(path, params)
+
+
+def no_vocabulary(path: Path):
+    """llama.cpp's metadata overrides that load a GGUF without its tokenizer: the tokenizer model
+    "none" with `{arch}.vocab_size` ids (llama.cpp then holds one empty entry per id, and its logits
+    and token checks keep the same size)."""
+    header = read_header(path)
+    arch = str(header.metadata.get("general.architecture", "")).encode()
+    kv = (llama_cpp.llama_model_kv_override * 3)()
+    kv[0].tag, kv[0].key, kv[0].value.val_str = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, b"tokenizer.ggml.model", b"none"
+    kv[1].tag, kv[1].key, kv[1].value.val_i64 = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, arch + b".vocab_size", header.n_vocab
+    kv[2].key = b""  # the end of the list
+    return kv
 
 
 def load_vocab(path: str | Path):
@@ -136,11 +157,12 @@ def _load(path: Path, params):
 class LlamaModel:
     """A loaded GGUF model: weights plus vocabulary facts."""
 
-    def __init__(self, path: str | Path, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True, configure=None):
+    def __init__(self, path: str | Path, n_gpu_layers: int = 0, resident: bool = False, repack: bool = True, vocab: bool = True,
+                 configure=None):
         self.path = Path(path)
         self.source = self.path  # the model file it was made from (a repacked copy's: the original's)
-        self.resident, self.repack = resident, repack
-        self.handle = load_model(path, n_gpu_layers=n_gpu_layers, resident=resident, repack=repack, configure=configure)
+        self.resident, self.repack, self.has_vocab = resident, repack, vocab
+        self.handle = load_model(path, n_gpu_layers=n_gpu_layers, resident=resident, repack=repack, vocab=vocab, configure=configure)
         self.tile_kernels = repack and cpu_has_amx() and repack_runs(path)  # llama.cpp's AMX kernels compute with it
         vocab = llama_cpp.llama_model_get_vocab(self.handle)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
@@ -154,6 +176,8 @@ class LlamaModel:
         then close() leaves the model loaded (it is freed when the last of them is done)."""
         if self._closed:
             raise ValueError(f"the model {self.path.name} is closed")
+        if not self.has_vocab:
+            raise ValueError(f"the model {self.path.name} was loaded without its vocabulary")
         self._readers.add(id(reader))
         return llama_cpp.llama_model_get_vocab(self.handle)
 

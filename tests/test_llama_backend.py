@@ -274,3 +274,38 @@ def test_a_tokenizer_reading_a_loaded_models_vocabulary_tokenizes_as_its_own_cop
     with pytest.raises(ValueError, match="not"):
         own.read_from(lb.LlamaModel(other))
     own.close()
+
+
+def test_a_tokenizer_that_let_go_of_its_vocabulary_answers_as_one_that_kept_it(tiny_gguf):
+    """Where the target streams, the tokenizer frees llama.cpp's copy of the vocabulary and keeps what
+    decoding reads (Tokenizer.let_go); every answer must stay the kept copy's."""
+    from ondevice.prompt.tokenizer import Tokenizer
+
+    kept, lean = Tokenizer(tiny_gguf), Tokenizer(tiny_gguf)
+    lean.let_go()
+    assert lean.lets_go and not kept.lets_go
+    text = "the quick brown fox jumps over 12 lazy dogs <|im_end|>\n"
+    assert lean.encode(text) == kept.encode(text) and lean.encode(text, add_special=True) == kept.encode(text, add_special=True)
+    assert lean.special_ids() == kept.special_ids() and lean.end_ids() == kept.end_ids() and lean.fingerprint() == kept.fingerprint()
+    for t in range(kept.n_vocab):
+        assert (lean.piece(t), lean.piece(t, special=True), lean.is_end(t)) == (kept.piece(t), kept.piece(t, special=True), kept.is_end(t))
+    ids = kept.encode(text)
+    assert lean.decode(ids) == kept.decode(ids)
+    with pytest.raises(ValueError, match="let go"):
+        lean.read_from(lb.LlamaModel(tiny_gguf))
+    kept.close()
+
+
+def test_a_model_loaded_without_its_vocabulary_computes_the_same_logits(tiny_gguf):
+    """A target streaming from disk and every drafter load without llama.cpp's tokenizer (the
+    tokenizer holds it apart): the same vocabulary size, the same logits."""
+    logits = []
+    for vocab in (True, False):
+        model = lb.LlamaModel(tiny_gguf, vocab=vocab)
+        ctx = lb.LlamaContext(model, n_ctx=64, n_seq_max=1, n_batch=64, threads=1)
+        logits.append((model.n_vocab, ctx.decode(np.arange(20), np.arange(20), np.zeros(20, np.int32), np.ones(20, bool)).copy()))
+        assert model.has_vocab == vocab
+        ctx.close()
+        model.close()
+    assert logits[0][0] == logits[1][0]
+    np.testing.assert_array_equal(logits[0][1], logits[1][1])

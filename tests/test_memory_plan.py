@@ -230,19 +230,31 @@ def test_says_when_only_the_drafter_keeps_the_target_out_of_ram():
     assert "without the drafter" not in tight.describe()
 
 
-@pytest.mark.parametrize("nodes", [1, 7, 8, 9, 17, 33, 64, 65])
+@pytest.mark.parametrize("nodes", [1, 7, 8, 9, 17, 32, 33, 64, 65])
 def test_a_plan_told_its_largest_tree_sizes_the_buffers_for_it_and_keeps_more_layers(nodes):
     budget = RamBudget(1150 * MiB, "test")
+    largest = max(TREE_SIZES)
     unsized = plan_memory(TARGET, None, budget=budget, process_bytes=60 * MiB, ahead=2, max_tree=64)
     sized = plan_memory(TARGET, None, budget=budget, process_bytes=60 * MiB, ahead=2, max_tree=64, tree_nodes=nodes)
-    assert unsized.streams and sized.streams and unsized.sizes.max_tree == 64
+    assert unsized.streams and sized.streams and unsized.sizes.max_tree == largest
     holding = [t for t in TREE_SIZES if t >= nodes]
-    assert sized.sizes.max_tree == (min(holding) if holding else 64)  # the smallest that holds the tree
-    if sized.sizes.max_tree < 64:  # the RAM its logits rows would take keeps layers instead
+    assert sized.sizes.max_tree == (min(holding) if holding else largest)  # the smallest that holds the tree
+    if sized.sizes.max_tree < largest:  # the RAM its logits rows would take keeps layers instead
         saved = unsized.resident_bytes + unsized.decode_slack - sized.resident_bytes - sized.decode_slack
-        assert saved >= (64 - sized.sizes.max_tree) * TARGET.n_vocab * 4 * 3  # output rows, their scratch, two copies
+        assert saved >= (largest - sized.sizes.max_tree) * TARGET.n_vocab * 4 * 3  # output rows, their scratch, two copies
         assert len(sized.kept_layers(2)) > len(unsized.kept_layers(2))
         assert sized.bytes_read_per_pass < unsized.bytes_read_per_pass
+
+
+def test_a_streaming_plan_counts_the_tokenizers_vocabulary_only_where_the_target_is_in_ram():
+    budget = RamBudget(1150 * MiB, "test")
+    held = plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=140 * MiB, ahead=2)
+    let_go = plan_memory(TARGET, DRAFTER, budget=budget, process_bytes=140 * MiB, ahead=2, vocab_bytes=45 * MiB)
+    assert held.streams and let_go.streams and let_go.process_bytes == held.process_bytes - 45 * MiB
+    assert let_go.bytes_read_per_pass < held.bytes_read_per_pass  # its room keeps a layer more
+    roomy = RamBudget(4000 * MiB, "test")  # in RAM the target's own vocabulary is the tokenizer's (Tokenizer.read_from)
+    in_ram = plan_memory(TARGET, DRAFTER, budget=roomy, process_bytes=140 * MiB, vocab_bytes=45 * MiB)
+    assert in_ram.target_in_ram and in_ram.process_bytes == 140 * MiB
 
 
 def test_a_streaming_plan_halves_both_kv_caches_and_a_shorter_context_keeps_more_layers():

@@ -19,6 +19,7 @@ from ondevice.loading import plan as load_plan
 from ondevice.machine import ram
 from ondevice.loading import memory
 from ondevice.plan import profile as profile_store
+from ondevice.prompt import tokenizer as tokenizer_module
 from ondevice.draft.onnx_drafter import OnnxDrafter
 from ondevice.machine.facts import measure_ram_bandwidth
 from ondevice.onnx.export_files import export_dir
@@ -49,9 +50,10 @@ def stream_tiny_target(home, monkeypatch, name: str = "tiny", extra: int = 0) ->
     stream. The process counts as 200 MB throughout (its real size moves as models are measured and freed)."""
     monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
     monkeypatch.setattr(pair, "anon_rss", lambda: 200 << 20)
+    monkeypatch.setattr(tokenizer_module, "anon_rss", lambda: 200 << 20)  # its vocabulary then counts as nothing
     models = home / "models"
     target, drafter = ModelSize.from_gguf(models / f"{name}-target.gguf"), ModelSize.from_gguf(models / f"{name}-drafter.gguf")
-    sizes = memory.context_sizes(256, 64, streams=True)  # streaming with trees up to 64 nodes
+    sizes = memory.context_sizes(256, max(memory.TREE_SIZES), streams=True)  # streaming with the largest trees
     resident = (200 << 20) + drafter.file_bytes + sum(memory._buffers(target, drafter, 256, sizes, memory.F16).values())
     budget = resident + target.streamed_window + MARGIN + extra  # room to stream, not to keep the weights
     if not extra:  # nor the head at a smaller tree, whose buffers leave more room, beside either drafter file
@@ -133,6 +135,7 @@ def write_deep_pair(home, monkeypatch) -> tuple[ModelSize, ModelSize]:
     write_tiny_pair(home, "deep", arch="llama", head_scale=3.0)
     monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
     monkeypatch.setattr(pair, "anon_rss", lambda: 200 << 20)
+    monkeypatch.setattr(tokenizer_module, "anon_rss", lambda: 200 << 20)  # its vocabulary then counts as nothing
     return tuple(ModelSize.from_gguf(home / "models" / f"deep-{role}.gguf") for role in ("target", "drafter"))
 
 
@@ -263,9 +266,10 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     drafter = ModelSize.from_gguf(tiny_home / "models" / "deep-drafter.gguf")
     smallest = min(memory.TREE_SIZES)  # the plan gives up tree size before the head: short of it even at the smallest tree
     decode_slack = memory.DECODE_COPIES * smallest * target.n_vocab * memory.F32  # what kept layers leave for decoding
-    buffers = {t: sum(memory._buffers(target, drafter, 256, memory.context_sizes(256, t, streams=True), memory.F16).values()) for t in (64, smallest)}
+    largest = max(memory.TREE_SIZES)
+    buffers = {t: sum(memory._buffers(target, drafter, 256, memory.context_sizes(256, t, streams=True), memory.F16).values()) for t in (largest, smallest)}
     stream_tiny_target(tiny_home, monkeypatch, "deep",  # the head, less a byte
-                       extra=max(target.layer_bytes) + target.head_bytes - 1 + decode_slack - (buffers[64] - buffers[smallest]))
+                       extra=max(target.layer_bytes) + target.head_bytes - 1 + decode_slack - (buffers[largest] - buffers[smallest]))
     opts = options.LoadOptions(model="deep", threads=1, ctx=256)
     models = choose("deep", None, None, True)
     plans = load_plan.MemoryPlans(models, opts)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -90,14 +91,25 @@ class CrossVocabDrafter:
         self.bridge.drafter_tok.close()
 
 
-def open_drafter(plan, target_tok: Tokenizer, status: Callable[[str], None] | None = None):
-    """The planned drafter model (loading.LoadPlan.open_drafter): as it is where it shares the target's
-    tokenizer (up to padding: tokenizer.vocab_mismatch), else drafting across vocabularies."""
-    drafter_tok = Tokenizer(plan.files.drafter)
-    reason = vocab_mismatch(target_tok, drafter_tok)
-    if reason is None:
+def other_tokenizer(drafter: Path | None, target_tok: Tokenizer) -> Tokenizer | None:
+    """The drafter file's own tokenizer where it is not the target's (tokenizer.vocab_mismatch): the
+    cross-vocabulary drafter encodes text with it while it drafts; None where the two share one (or
+    there is no drafter)."""
+    if drafter is None:
+        return None
+    drafter_tok = Tokenizer(drafter)
+    if vocab_mismatch(target_tok, drafter_tok) is None:
         drafter_tok.close()
+        return None
+    return drafter_tok
+
+
+def open_drafter(plan, target_tok: Tokenizer, drafter_tok: Tokenizer | None, status: Callable[[str], None] | None = None):
+    """The planned drafter model (loading.LoadPlan.open_drafter): as it is where it shares the target's
+    tokenizer (drafter_tok None: `other_tokenizer`), else drafting across vocabularies."""
+    if drafter_tok is None:
         return plan.open_drafter(target_vocab=target_tok.n_vocab)
+    reason = vocab_mismatch(target_tok, drafter_tok)
     vocab_map = VocabMap.load(target_tok, drafter_tok, status)
     print(f"ondevice: the drafter {drafter_tok.path.name} has another tokenizer ({drafter_tok.n_vocab:,} vs {target_tok.n_vocab:,} ids; "
           f"{reason}): it drafts the {len(vocab_map.drafter_ids):,} tokens both hold", file=sys.stderr)

@@ -55,7 +55,7 @@ class LlamaDrafter(ModelDrafter):
         head = TrimmedHead.find(model_path) if vocab_trim else None
         weights = drafter_weights(head.gguf_path if head else model_path)
         mapped = resident and loads_mapped(weights)
-        self.model = LlamaModel(weights, resident=resident and not mapped)
+        self.model = LlamaModel(weights, resident=resident and not mapped, vocab=False)  # drafts ids: the tokenizer is the target's
         if mapped:
             let_go(weights)
         llama_ctx = LlamaContext(

@@ -32,14 +32,15 @@ from ondevice.vocabtrim.shipped import trim_for_streaming
 
 
 def plan_load(opts: LoadOptions, files: PairFiles, process_bytes: int | None = None, answers: Answers | None = None,
-              tokenizer: Tokenizer | None = None, status=None) -> LoadPlan:
+              tokenizer: Tokenizer | None = None, status=None, vocab_bytes: int = 0) -> LoadPlan:
     """How to load these files (see LoadPlan). A llama.cpp target that streams from disk first gets
     the drafter trimmed to its catalog's keep set and requantized (`shrink_drafter_if_streaming`)
     and, with `answers` (and the target's `tokenizer`) and no --ctx, a context sized to them; with
     the drafter (unless asked for it), the plan without it comes with it (`lean`): the same backends
-    and threads, its memory planned from the same headers."""
+    and threads, its memory planned from the same headers. vocab_bytes: the tokenizer's vocabulary, in
+    process_bytes, let go of where the target streams (loading/memory.py's `plan_memory`)."""
     threads = opts.threads or default_threads()
-    plans = MemoryPlans(files, opts, process_bytes)
+    plans = MemoryPlans(files, opts, process_bytes, vocab_bytes)
     if opts.rpc is not None:  # llama.cpp places the split; the planner's profile is the split's own
         target, drafter = "llama", "llama" if opts.drafter_backend == "auto" else opts.drafter_backend
         n_ctx = rpc_context(opts, answers, tokenizer)

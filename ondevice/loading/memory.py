@@ -3,7 +3,7 @@
     plan = plan_memory(ModelSize.from_gguf(target), ModelSize.from_gguf(trimmed_drafter), n_ctx=256, ahead=2)
     plan.describe()   # 'target streams from disk (541 MB read per pass), its LM head and 9 of 28
                       #  layers kept in RAM: 1.1 GB target, RAM 1.2 GB (cgroup limit 1.2 GB) holds drafter
-                      #  300 MB, buffers 114 MB (context 256 tokens, trees up to 64 nodes), process 105 MB'
+                      #  300 MB, buffers 114 MB (context 256 tokens, trees up to 32 nodes), process 105 MB'
 
 Memory model, in bytes, for a llama.cpp target on a CPU:
 
@@ -54,9 +54,11 @@ CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
 TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
 DECODE_COPIES = 2  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
-TREE_SIZES = (64, 32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more
-# nodes costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes,
-# twice) come out of the page cache that holds the target
+TREE_SIZES = (32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more
+# nodes costs more compute than the disk read it shares (a 64-node pass of the default target took
+# 1.4x a 32-node one with the disk capped at 1 GB/s, and no streaming answer on record drafted more
+# than 32 nodes), and every node's logits (n_vocab × 4 bytes, twice) come out of the page cache that
+# holds the target (docs/measurements/2026-12-07-vocabulary-once.md)
 IN_RAM_MAX_TREE = 512  # a CPU target in RAM: --budget up to 511 (its profile, and so the planner, stop at 256)
 DRAFT_BATCH = 64  # nodes a drafter decodes in one call (LlamaDrafter's max_batch)
 
@@ -361,6 +363,7 @@ def plan_memory(
     ahead: int = 0,
     tree_nodes: int | None = None,
     drafter_bytes: int | None = None,
+    vocab_bytes: int = 0,
 ) -> MemoryPlan:
     """Where the target lives and how big the buffers may be; nothing is loaded.
 
@@ -373,6 +376,8 @@ def plan_memory(
     drafter model: its free drafters' trees, a few nodes): a streaming target's buffers are then sized
     for the smallest of TREE_SIZES that holds it, and the rest of the RAM keeps more of its layers.
     drafter_bytes: what the drafter's weights hold in RAM where less than its file (draft/held_weights.py).
+    vocab_bytes: what the tokenizer's vocabulary holds of process_bytes, let go of where the target
+    streams (a target streaming is loaded without one: prompt/tokenizer.py's `let_go`).
     """
     budget = budget or ram_budget()
     process = (anon_rss() or psutil.Process().memory_info().rss) if process_bytes is None else process_bytes
@@ -381,14 +386,15 @@ def plan_memory(
     def plan(tree: int, in_ram: bool, notes=()) -> MemoryPlan:
         sizes = context_sizes(n_ctx, tree, streams=not in_ram)
         buffers = _buffers(target, drafter, n_ctx, sizes, kv_bytes=F32 if in_ram else F16)
-        return MemoryPlan(budget, target, drafter_bytes, process, buffers, sizes, in_ram, list(notes), 0 if in_ram else ahead)
+        held = process if in_ram else max(0, process - vocab_bytes)
+        return MemoryPlan(budget, target, drafter_bytes, held, buffers, sizes, in_ram, list(notes), 0 if in_ram else ahead)
 
     full = plan(max_tree, True)
     if full.resident_bytes + target.working_bytes + MARGIN <= budget.bytes:
         return full
     alone = None  # would the target fit without the drafter? (the drafter's memory is what tips it over)
     if drafter is not None:
-        alone = plan_memory(target, None, n_ctx=n_ctx, max_tree=max_tree, budget=budget, process_bytes=process)
+        alone = plan_memory(target, None, n_ctx=n_ctx, max_tree=max_tree, budget=budget, process_bytes=process, vocab_bytes=vocab_bytes)
     note = ["without the drafter the target would fit in RAM (a load leaves it out where that is faster: --keep-drafter keeps it)"] if alone and alone.target_in_ram else []
     streaming = [p for p in (plan(tree, False, note) for tree in streaming_tree_sizes(max_tree, tree_nodes))
                  if not p.over_budget]  # fmt: skip

@@ -46,8 +46,10 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     opts.checked()
     files = choose(opts.model, opts.target, opts.drafter, opts.draft)  # downloads on first use
     tokenizer = Tokenizer(files.target)
+    other = cross_vocab.other_tokenizer(files.drafter, tokenizer)  # a drafter of another tokenizer: its own, used while drafting
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
-    plan = plan_load(opts, files, process, answers, tokenizer, status)
+    lets_go = other is None  # nothing encodes while decoding: where the target streams, the tokenizer lets go of its vocabulary
+    plan = plan_load(opts, files, process, answers, tokenizer, status, vocab_bytes=tokenizer.vocab_bytes if lets_go else 0)
     choice, lean_curve, speed = None, None, None
     if plan.streams and files.drafter is not None:  # with the drafter asked for too: its profile is measured apart
         profile = streaming_profile(plan)  # measured apart: see there
@@ -55,9 +57,13 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
         files, lean_curve, speed = plan.files, drafterless_curve(profile, plan), yardstick(profile)
     drafter = None
     if files.drafter is not None:
-        drafter = cross_vocab.open_drafter(plan, tokenizer, status)  # another tokenizer: drafts the tokens both hold
+        drafter = cross_vocab.open_drafter(plan, tokenizer, other, status)  # another tokenizer: drafts the tokens both hold
+    elif other is not None:
+        other.close()  # the drafter was left out
+    if plan.streams and lets_go:
+        tokenizer.let_go()  # as the plan counted: the target streams without a vocabulary, and this one is loaded per prompt
     target = plan.open_target()
-    if isinstance(target, LlamaTarget):
+    if isinstance(target, LlamaTarget) and target.model.has_vocab:
         tokenizer.read_from(target.model)  # one copy of its vocabulary in RAM, as the plan counted
         trim_heap()  # and the freed copy handed back to the OS (the page cache's room)
     backends = profile_backends(plan, lambda: target, (lambda: drafter.probe_batch) if drafter else None, lean_curve=lean_curve,

@@ -70,15 +70,15 @@ class MemoryPlans:
     """The memory plans of one load, within --ram-memory or the RAM this process may use: each GGUF
     header is read once, and each plan made once (one per drafter file and context asked)."""
 
-    def __init__(self, files: PairFiles, opts: LoadOptions, process_bytes: int | None = None):
-        self.files, self.opts, self.process_bytes = files, opts, process_bytes
+    def __init__(self, files: PairFiles, opts: LoadOptions, process_bytes: int | None = None, vocab_bytes: int = 0):
+        self.files, self.opts, self.process_bytes, self.vocab_bytes = files, opts, process_bytes, vocab_bytes
         self._sizes: dict[tuple[Path, int, int], ModelSize] = {}
         self._plans: dict[tuple, MemoryPlan] = {}
         self.split: RpcSplit | None = None  # --rpc: the split of the last plan made
 
     def without_drafter(self) -> MemoryPlans:
         """The plans of the same load without the drafter model (the headers already read are kept)."""
-        lean = MemoryPlans(replace(self.files, drafter=None), self.opts, self.process_bytes)
+        lean = MemoryPlans(replace(self.files, drafter=None), self.opts, self.process_bytes, self.vocab_bytes)
         lean._sizes = self._sizes
         return lean
 
@@ -110,7 +110,8 @@ class MemoryPlans:
                 self._plans[key], self.split = plan_split_load(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes)
             else:
                 held = held_bytes(drafter, sizes.file_bytes, sizes.embd_bytes) if sizes is not None and drafter_backend == "llama" else None
-                self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes, held)
+                self._plans[key] = plan_for(self.size(self.files.target), sizes, replace(self.opts, ctx=key[1]), self.process_bytes, held,
+                                            self.vocab_bytes)
         return self._plans[key]
 
 
@@ -122,16 +123,17 @@ def file_identity(path: Path) -> tuple[Path, int, int]:
 
 
 def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, process_bytes: int | None = None,
-             drafter_bytes: int | None = None) -> MemoryPlan:
+             drafter_bytes: int | None = None, vocab_bytes: int = 0) -> MemoryPlan:
     """The memory plan for a llama.cpp target and drafter of these sizes, within --ram-memory or the
     RAM this process may use (also for models that exist only as sizes: synthetic, not downloaded).
-    drafter_bytes: what the drafter holds in RAM, where less than its file (draft/held_weights.py)."""
+    drafter_bytes: what the drafter holds in RAM, where less than its file (draft/held_weights.py).
+    vocab_bytes: the tokenizer's vocabulary, in process_bytes, let go of where the target streams."""
     budget = ram_budget()
     if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
         budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
     tree_nodes = (opts.free_tree_nodes or FREE_TREE_NODES) if drafter is None else None  # no drafter model: free trees only
     return plan_memory(target, drafter, n_ctx=opts.context, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes,
-                       tree_nodes=tree_nodes, drafter_bytes=drafter_bytes)
+                       tree_nodes=tree_nodes, drafter_bytes=drafter_bytes, vocab_bytes=vocab_bytes)
 
 
 def pick_backend(name: str) -> str:

@@ -2,11 +2,16 @@
 
 Loading vocab-only touches no weights, so it is fast and safe on any CPU. Once the target is loaded
 by llama.cpp from the same file, the tokenizer reads that model's vocabulary instead (`read_from`).
+Where the target streams from disk it is loaded without one, and the tokenizer lets go of its own
+between prompts (`let_go`): the ~40 MB llama.cpp holds for a 152k-token vocabulary keep a target
+layer or more in RAM instead (docs/measurements/2026-12-07-vocabulary-once.md). It then keeps what
+decoding reads (each token's bytes, the end tokens) and loads the vocabulary again for each encode.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import hashlib
 import re
@@ -20,18 +25,22 @@ from ondevice import llama_backend
 from ondevice.prompt import chat_template, template_process
 from ondevice.prompt.text import check_text
 from ondevice.errors import OndeviceError
+from ondevice.machine.ram import anon_rss, trim_heap
 
 
 class Tokenizer:
     def __init__(self, gguf_path: str | Path):
         self.path = Path(gguf_path)
         self._lender: llama_backend.LlamaModel | None = None  # the loaded model whose vocabulary it reads (`read_from`)
+        self._lean: _Pieces | None = None  # after `let_go`: what decoding reads, the vocabulary loaded again for the rest
+        before = anon_rss() or 0
         self._model = llama_backend.load_vocab(self.path)
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self.bos_id = llama_cpp.llama_vocab_bos(self._vocab)
-        self.eos_id = llama_cpp.llama_vocab_eos(self._vocab)
-        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.vocab_bytes = max(0, (anon_rss() or 0) - before)  # what llama.cpp's copy of the vocabulary holds (0 off Linux)
+        self._vocab_handle = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab_handle)
+        self.bos_id = llama_cpp.llama_vocab_bos(self._vocab_handle)
+        self.eos_id = llama_cpp.llama_vocab_eos(self._vocab_handle)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab_handle))
         self.architecture = self._meta("general.architecture")
         template = llama_cpp.llama_model_chat_template(self._model, None)
         self.chat_template = template.decode("utf-8", errors="replace") if template else None  # bytes from the file: never trusted to be UTF-8
@@ -41,18 +50,48 @@ class Tokenizer:
         this tokenizer's own vocab-only copy: one copy in RAM instead of two, as the memory plan counts
         (docs/measurements/2026-12-06-one-vocabulary.md). The model stays loaded until this tokenizer
         is closed too."""
+        if self._lean is not None:
+            raise ValueError("this tokenizer let go of its vocabulary: it reads no model's")
         if model.source.resolve() != self.path.resolve():
             raise ValueError(f"{model.source.name} is not {self.path.name}: a tokenizer reads its own file's vocabulary")
         if self._lender is model:
             return
         vocab = model.lend_vocab(self)
         self.close()
-        self._model, self._vocab, self._lender = model.handle, vocab, model
+        self._model, self._vocab_handle, self._lender = model.handle, vocab, model
 
     @property
     def reads_from(self) -> llama_backend.LlamaModel | None:
         """The loaded model whose vocabulary it reads (`read_from`); None: its own vocab-only copy."""
         return self._lender
+
+    def let_go(self) -> None:
+        """Free the vocabulary now and keep what decoding reads: every token's bytes (`piece`) and the
+        end tokens (`is_end`). Each `encode` (and any other question for the vocabulary) then loads it
+        again for the call, a quarter of a second for a 152k-token one: for a target streaming from
+        disk, whose passes take longer, and whose RAM holds its layers instead. Not for a tokenizer
+        encoding during decoding (a drafter of another vocabulary: draft/cross_vocab.py)."""
+        if self._lean is None:
+            self._lean = _Pieces.read(self)
+            self.close()
+            trim_heap()
+
+    @property
+    def lets_go(self) -> bool:
+        return self._lean is not None
+
+    @contextlib.contextmanager
+    def _vocab(self):
+        """llama.cpp's vocabulary handle for a call: this tokenizer's, or one loaded for it after `let_go`."""
+        if self._lean is None:
+            yield self._vocab_handle
+            return
+        model = llama_backend.load_vocab(self.path)
+        try:
+            yield llama_cpp.llama_model_get_vocab(model)
+        finally:
+            llama_cpp.llama_model_free(model)
+            trim_heap()
 
     def close(self) -> None:
         """Let go of the vocabulary now (it is also freed at garbage collection)."""
@@ -76,57 +115,63 @@ class Tokenizer:
         data = check_text(text, "the text to tokenize").encode("utf-8")
         cap = len(data) + 16
         buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:  # buffer too small: -n is the size needed
-            cap = -n
-            buf = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        with self._vocab() as vocab:
+            n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
+            if n < 0:  # buffer too small: -n is the size needed
+                cap = -n
+                buf = (llama_cpp.llama_token * cap)()
+                n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, cap, add_special, parse_special)
         return np.frombuffer(buf, dtype=np.int32, count=n).tolist()  # faster than list(buf[:n]), which holds the GIL longer (docs/measurements/code-notes.md)
 
     def piece(self, token: int, special: bool = False) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
+        if self._lean is not None:
+            return self._lean.piece(token, special)
+        return _piece(self._vocab_handle, token, special)
 
     def decode(self, tokens: Iterable[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_end(self, token: int) -> bool:
         """End of generation (EOS, EOT, <|im_end|>, ...)."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        if self._lean is not None:
+            return token in self._lean.ends
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab_handle, token))
 
     def end_ids(self) -> list[int]:
         """Every token that ends generation (`is_end`), in id order."""
+        if self._lean is not None:
+            return sorted(self._lean.ends)
         return [t for t in range(self.n_vocab) if self.is_end(t)]
 
     def fingerprint(self, n_tokens: int | None = None) -> str:
         """A hash of the bytes of tokens 0..n_tokens-1 (default: all): equal ⇔ the same tokens."""
         n_tokens = self.n_vocab if n_tokens is None else n_tokens
         h = hashlib.sha256(str(n_tokens).encode())
-        for t in range(n_tokens):
-            h.update(self.text(t) + b"\0")
+        with self._vocab() as vocab:
+            for t in range(n_tokens):
+                h.update(_text(vocab, t) + b"\0")
         return h.hexdigest()
 
     def text(self, token: int) -> bytes:
         """The token's own text in the vocabulary (special tokens included, padding too)."""
-        return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
+        with self._vocab() as vocab:
+            return _text(vocab, token)
 
     def attr(self, token: int) -> int:
         """llama.cpp's attribute bits of a token (LLAMA_TOKEN_ATTR_NORMAL, _BYTE, _CONTROL, _UNUSED, …)."""
-        return int(llama_cpp.llama_vocab_get_attr(self._vocab, token))
+        with self._vocab() as vocab:
+            return int(llama_cpp.llama_vocab_get_attr(vocab, token))
 
     def is_padding(self, token: int) -> bool:
         """A slot with no token behind it: llama.cpp's converters pad vocabularies with UNUSED `[PAD…]` entries."""
-        attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)
-        return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_UNUSED) or re.fullmatch(rb"\[PAD\d+\]", self.text(token)) is not None
+        with self._vocab() as vocab:
+            attr = llama_cpp.llama_vocab_get_attr(vocab, token)
+            return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_UNUSED) or re.fullmatch(rb"\[PAD\d+\]", _text(vocab, token)) is not None
 
     def special_ids(self) -> dict[str, int | bool]:
-        v = self._vocab
-        return {"bos": self.bos_id, "eos": self.eos_id, "eot": llama_cpp.llama_vocab_eot(v), "add_bos": self.add_bos,
-                "add_eos": bool(llama_cpp.llama_vocab_get_add_eos(v)), "type": llama_cpp.llama_vocab_type(v)}
+        with self._vocab() as v:
+            return {"bos": self.bos_id, "eos": self.eos_id, "eot": llama_cpp.llama_vocab_eot(v), "add_bos": self.add_bos,
+                    "add_eos": bool(llama_cpp.llama_vocab_get_add_eos(v)), "type": llama_cpp.llama_vocab_type(v)}
 
     # --- chat ---------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True, think: bool | None = None) -> str:
@@ -150,6 +195,45 @@ class Tokenizer:
     @property
     def can_switch_thinking(self) -> bool:
         return bool(self.chat_template) and chat_template.has_thinking_switch(self.chat_template)
+
+
+def _piece(vocab, token: int, special: bool) -> bytes:
+    buf = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    return buf.raw[:n]
+
+
+def _text(vocab, token: int) -> bytes:
+    return llama_cpp.llama_vocab_get_text(vocab, token) or b""
+
+
+class _Pieces:
+    """What decoding reads of a vocabulary, kept after the vocabulary is let go: every token's bytes in
+    one buffer (~1 MB for 152k tokens, where llama.cpp's vocabulary holds ~40), the bytes with special
+    tokens rendered where they differ (llama.cpp renders a control token as nothing unless asked), and
+    the end tokens."""
+
+    def __init__(self, blob: bytes, ends: np.ndarray, special: dict[int, bytes], end_ids: frozenset[int]):
+        self.blob, self.bounds, self.special, self.ends = blob, ends, special, end_ids
+
+    @classmethod
+    def read(cls, tokenizer: "Tokenizer") -> "_Pieces":
+        vocab = tokenizer._vocab_handle
+        pieces = [_piece(vocab, t, False) for t in range(tokenizer.n_vocab)]
+        special = {t: p for t in range(tokenizer.n_vocab) if not pieces[t] and (p := _piece(vocab, t, True))}
+        bounds = np.cumsum([0] + [len(p) for p in pieces], dtype=np.int64)
+        ends = frozenset(t for t in range(tokenizer.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
+        return cls(b"".join(pieces), bounds, special, ends)
+
+    def piece(self, token: int, special: bool) -> bytes:
+        if special and token in self.special:
+            return self.special[token]
+        if not 0 <= token < len(self.bounds) - 1:
+            return b""  # as llama.cpp answers an id it does not hold
+        return self.blob[self.bounds[token]: self.bounds[token + 1]]
 
 
 class StreamDecoder:

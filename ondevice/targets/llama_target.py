@@ -71,7 +71,8 @@ class LlamaTarget(Target):
         self.split = split
         repacked = repacked if streams else None
         source, model_path = Path(model_path), repacked.path if repacked is not None else model_path
-        self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams, configure=split.configure if split else None)
+        self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers, repack=not streams, vocab=not streams,  # streaming: the
+                                configure=split.configure if split else None)  # tokenizer holds the vocabulary, apart (prompt/tokenizer.py)
         self.model.source = source
         self.marks = mark_weights(self.model, repacked.names, threads) if repacked is not None else None
         self.window = open_window(model_path, ahead=window, kept=kept_layers) if streams and window > 0 else None
