@@ -101,9 +101,8 @@ def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = Fals
     cannot evict them (a drafter beside a target that streams). repack: let llama.cpp copy weights
     into its faster CPU layouts (anonymous memory too; off for a target that must stay mapped): all
     its extra buffer types where `repack_runs`, else (a CPU with AMX) CPU_REPACK weight by weight.
-    vocab: False loads the model without its tokenizer (`no_vocabulary`): a model fed token ids or
-    embeddings and read for logits never uses it, and llama.cpp's copy of a 152k-token vocabulary
-    holds ~40 MB of RAM (docs/measurements/2026-12-07-vocabulary-once.md).
+    vocab: False loads it without its tokenizer (`no_vocabulary`; ~40 MB of RAM for 152k tokens), which a
+    model fed ids or embeddings and read for logits never uses (docs/measurements/2026-12-07-vocabulary-once.md).
     configure(params): sets more of llama_model_params last (a split across workers: loading/rpc_split.py).
     """
     path = check_gguf_file(path)
@@ -125,9 +124,8 @@ def load_model(path: str | Path, *, n_gpu_layers: int = 0, resident: bool = Fals
 
 
 def no_vocabulary(path: Path):
-    """llama.cpp's metadata overrides that load a GGUF without its tokenizer: the tokenizer model
-    "none" with `{arch}.vocab_size` ids (llama.cpp then holds one empty entry per id, and its logits
-    and token checks keep the same size)."""
+    """llama.cpp's metadata overrides that load a GGUF without its tokenizer: the tokenizer model "none"
+    with `{arch}.vocab_size` ids (one empty entry per id: its logits and token checks keep their size)."""
     header = read_header(path)
     arch = str(header.metadata.get("general.architecture", "")).encode()
     kv = (llama_cpp.llama_model_kv_override * 3)()

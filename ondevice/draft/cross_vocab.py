@@ -29,6 +29,7 @@ from ondevice.draft.model_drafter import BlockedTokens
 from ondevice.draft.text_bridge import TextBridge
 from ondevice.draft.text_match import TextMatch
 from ondevice.errors import OndeviceError
+from ondevice.machine.ram import trim_heap
 from ondevice.draft.vocab_map import VocabMap
 from ondevice.prompt.tokenizer import Tokenizer, vocab_mismatch
 from ondevice.decode.protocols import DraftSpec
@@ -100,6 +101,7 @@ def other_tokenizer(drafter: Path | None, target_tok: Tokenizer) -> Tokenizer | 
     drafter_tok = Tokenizer(drafter)
     if vocab_mismatch(target_tok, drafter_tok) is None:
         drafter_tok.close()
+        trim_heap()  # its freed copy handed back to the OS: the memory plan measures the process next
         return None
     return drafter_tok
 

@@ -54,11 +54,9 @@ CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
 TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
 DECODE_COPIES = 2  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
-TREE_SIZES = (32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more
-# nodes costs more compute than the disk read it shares (a 64-node pass of the default target took
-# 1.4x a 32-node one with the disk capped at 1 GB/s, and no streaming answer on record drafted more
-# than 32 nodes), and every node's logits (n_vocab × 4 bytes, twice) come out of the page cache that
-# holds the target (docs/measurements/2026-12-07-vocabulary-once.md)
+TREE_SIZES = (32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more nodes
+# costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes, twice)
+# come out of the page cache that holds the target (docs/measurements/2026-12-07-vocabulary-once.md)
 IN_RAM_MAX_TREE = 512  # a CPU target in RAM: --budget up to 511 (its profile, and so the planner, stop at 256)
 DRAFT_BATCH = 64  # nodes a drafter decodes in one call (LlamaDrafter's max_batch)
 
@@ -376,8 +374,7 @@ def plan_memory(
     drafter model: its free drafters' trees, a few nodes): a streaming target's buffers are then sized
     for the smallest of TREE_SIZES that holds it, and the rest of the RAM keeps more of its layers.
     drafter_bytes: what the drafter's weights hold in RAM where less than its file (draft/held_weights.py).
-    vocab_bytes: what the tokenizer's vocabulary holds of process_bytes, let go of where the target
-    streams (a target streaming is loaded without one: prompt/tokenizer.py's `let_go`).
+    vocab_bytes: the tokenizer's vocabulary in process_bytes, let go of where the target streams (`Tokenizer.let_go`).
     """
     budget = budget or ram_budget()
     process = (anon_rss() or psutil.Process().memory_info().rss) if process_bytes is None else process_bytes
