@@ -164,8 +164,9 @@ def onnx_drafter_built(path: Path, vocab_trim: bool) -> bool:
 def sized_context(tokenizer: Tokenizer, answers: Answers, max_tree: int) -> int:
     """The context a streaming target needs for these prompts (chat-formatted or raw, whichever is
     longer) and their answers: its KV cache then takes what they use, not DEFAULT_CTX's cells."""
-    longest = max(len(tokenizer.encode_chat(p)) if not isinstance(p, str)  # a conversation (bench's agent set)
-                  else max(len(tokenizer.encode_user(p)), len(tokenizer.encode(p, add_special=True))) for p in answers.prompts)
+    with tokenizer.held():  # one load of a vocabulary it let go of
+        longest = max(len(tokenizer.encode_chat(p)) if not isinstance(p, str)  # a conversation (bench's agent set)
+                      else max(len(tokenizer.encode_user(p)), len(tokenizer.encode(p, add_special=True))) for p in answers.prompts)
     return answer_context(longest, answers.max_tokens, max_tree)
 
 

@@ -17,7 +17,7 @@ from ondevice.decode.engine import SpecEngine
 from ondevice.loading.choices import plan_load
 from ondevice.loading.drafter_room import DrafterChoice, drafter_or_layers, drafterless_curve, yardstick
 from ondevice.loading.options import Answers, LoadOptions
-from ondevice.loading.plan import LoadPlan
+from ondevice.loading.plan import LoadPlan, pick_backend
 from ondevice.loading.rpc_load import profile_split
 from ondevice.loading.profiling import profile_backends, streaming_profile
 from ondevice.machine.ram import anon_rss, trim_heap
@@ -48,8 +48,11 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     tokenizer = Tokenizer(files.target)
     other = cross_vocab.other_tokenizer(files.drafter, tokenizer)  # a drafter of another tokenizer: its own, used while drafting
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
-    lets_go = other is None  # nothing encodes while decoding: where the target streams, the tokenizer lets go of its vocabulary
-    plan = plan_load(opts, files, process, answers, tokenizer, status, vocab_bytes=tokenizer.vocab_bytes if lets_go else 0)
+    vocab = 0
+    if other is None and process is not None and pick_backend(opts.target_backend) == "llama" and opts.rpc is None:
+        tokenizer.let_go()  # nothing encodes while decoding: a streaming target holds no vocabulary (in RAM it reads the target's)
+        vocab = max(0, process - anon_rss())  # what that freed, measured: the memory plan gives it to a streaming target
+    plan = plan_load(opts, files, process, answers, tokenizer, status, vocab_bytes=vocab)
     choice, lean_curve, speed = None, None, None
     if plan.streams and files.drafter is not None:  # with the drafter asked for too: its profile is measured apart
         profile = streaming_profile(plan)  # measured apart: see there
@@ -60,8 +63,6 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
         drafter = cross_vocab.open_drafter(plan, tokenizer, other, status)  # another tokenizer: drafts the tokens both hold
     elif other is not None:
         other.close()  # the drafter was left out
-    if plan.streams and lets_go:
-        tokenizer.let_go()  # as the plan counted: the target streams without a vocabulary, and this one is loaded per prompt
     target = plan.open_target()
     if isinstance(target, LlamaTarget) and target.model.has_vocab:
         tokenizer.read_from(target.model)  # one copy of its vocabulary in RAM, as the plan counted

@@ -50,15 +50,13 @@ class Tokenizer:
         this tokenizer's own vocab-only copy: one copy in RAM instead of two, as the memory plan counts
         (docs/measurements/2026-12-06-one-vocabulary.md). The model stays loaded until this tokenizer
         is closed too."""
-        if self._lean is not None:
-            raise ValueError("this tokenizer let go of its vocabulary: it reads no model's")
         if model.source.resolve() != self.path.resolve():
             raise ValueError(f"{model.source.name} is not {self.path.name}: a tokenizer reads its own file's vocabulary")
         if self._lender is model:
             return
         vocab = model.lend_vocab(self)
         self.close()
-        self._model, self._vocab_handle, self._lender = model.handle, vocab, model
+        self._model, self._vocab_handle, self._lender, self._lean = model.handle, vocab, model, None
 
     @property
     def reads_from(self) -> llama_backend.LlamaModel | None:
@@ -81,17 +79,24 @@ class Tokenizer:
         return self._lean is not None
 
     @contextlib.contextmanager
+    def held(self):
+        """The vocabulary loaded again for the block after `let_go` (many encodes, one load)."""
+        if self._lean is None or self._model is not None:
+            yield
+            return
+        self._model = llama_backend.load_vocab(self.path)
+        self._vocab_handle = llama_cpp.llama_model_get_vocab(self._model)
+        try:
+            yield
+        finally:
+            self.close()
+            trim_heap()
+
+    @contextlib.contextmanager
     def _vocab(self):
         """llama.cpp's vocabulary handle for a call: this tokenizer's, or one loaded for it after `let_go`."""
-        if self._lean is None:
+        with self.held():
             yield self._vocab_handle
-            return
-        model = llama_backend.load_vocab(self.path)
-        try:
-            yield llama_cpp.llama_model_get_vocab(model)
-        finally:
-            llama_cpp.llama_model_free(model)
-            trim_heap()
 
     def close(self) -> None:
         """Let go of the vocabulary now (it is also freed at garbage collection)."""
@@ -210,6 +215,9 @@ def _text(vocab, token: int) -> bytes:
     return llama_cpp.llama_vocab_get_text(vocab, token) or b""
 
 
+LEAN_BYTES_PER_TOKEN = 16  # the bytes of a token's piece kept after `let_go`, at most on average (6.4 for Qwen2.5's 152k)
+
+
 class _Pieces:
     """What decoding reads of a vocabulary, kept after the vocabulary is let go: every token's bytes in
     one buffer (~1 MB for 152k tokens, where llama.cpp's vocabulary holds ~40), the bytes with special
@@ -221,12 +229,24 @@ class _Pieces:
 
     @classmethod
     def read(cls, tokenizer: "Tokenizer") -> "_Pieces":
-        vocab = tokenizer._vocab_handle
-        pieces = [_piece(vocab, t, False) for t in range(tokenizer.n_vocab)]
-        special = {t: p for t in range(tokenizer.n_vocab) if not pieces[t] and (p := _piece(vocab, t, True))}
-        bounds = np.cumsum([0] + [len(p) for p in pieces], dtype=np.int64)
-        ends = frozenset(t for t in range(tokenizer.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t))
-        return cls(b"".join(pieces), bounds, special, ends)
+        vocab, n = tokenizer._vocab_handle, tokenizer.n_vocab
+        blob, bounds, special = bytearray(), np.zeros(n + 1, np.int64), {}
+        buf = ctypes.create_string_buffer(256)
+        for t in range(n):  # one buffer for all: no object a token left behind in the heap
+            size = llama_cpp.llama_token_to_piece(vocab, t, buf, len(buf), 0, False)
+            piece = buf.raw[:size] if size >= 0 else _piece(vocab, t, False)
+            blob += piece
+            bounds[t + 1] = len(blob)
+            if not piece and (rendered := _piece(vocab, t, True)):
+                special[t] = rendered
+        ends = frozenset(t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t))
+        return cls(bytes(blob), bounds, special, ends)
+
+    @staticmethod
+    def bytes_for(n_vocab: int) -> int:
+        """About what the tables hold for a vocabulary of n_vocab tokens (a bound on the bytes of a
+        piece a token, most a few, and its offset)."""
+        return n_vocab * (LEAN_BYTES_PER_TOKEN + 8)
 
     def piece(self, token: int, special: bool) -> bytes:
         if special and token in self.special:
