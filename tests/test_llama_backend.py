@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 import sys
 import textwrap
 import threading
@@ -294,6 +295,8 @@ def test_a_tokenizer_that_let_go_of_its_vocabulary_answers_as_one_that_kept_it(t
     with lean.held():  # one load for many encodes, let go of again after the block
         assert [lean.encode(w) for w in text.split()] == [kept.encode(w) for w in text.split()]
     assert lean.lets_go
+    with ThreadPoolExecutor(4) as pool:  # a server's requests encode in threads of their own
+        assert list(pool.map(lean.encode, [text] * 16)) == [kept.encode(text)] * 16
     model = lb.LlamaModel(tiny_gguf)
     lean.read_from(model)  # a target that turned out to be in RAM: its vocabulary read again
     assert not lean.lets_go and lean.reads_from is model and lean.encode(text) == kept.encode(text)

@@ -19,7 +19,6 @@ from ondevice.loading import plan as load_plan
 from ondevice.machine import ram
 from ondevice.loading import memory
 from ondevice.plan import profile as profile_store
-from ondevice.prompt import tokenizer as tokenizer_module
 from ondevice.draft.onnx_drafter import OnnxDrafter
 from ondevice.machine.facts import measure_ram_bandwidth
 from ondevice.onnx.export_files import export_dir
@@ -50,7 +49,6 @@ def stream_tiny_target(home, monkeypatch, name: str = "tiny", extra: int = 0) ->
     stream. The process counts as 200 MB throughout (its real size moves as models are measured and freed)."""
     monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
     monkeypatch.setattr(pair, "anon_rss", lambda: 200 << 20)
-    monkeypatch.setattr(tokenizer_module, "anon_rss", lambda: 200 << 20)  # its vocabulary then counts as nothing
     models = home / "models"
     target, drafter = ModelSize.from_gguf(models / f"{name}-target.gguf"), ModelSize.from_gguf(models / f"{name}-drafter.gguf")
     sizes = memory.context_sizes(256, max(memory.TREE_SIZES), streams=True)  # streaming with the largest trees
@@ -72,17 +70,31 @@ def test_a_target_that_does_not_fit_streams_and_answers_the_same(tiny_home, monk
     spec = DraftSpec("best-first", 8)
     with ondevice.load("tiny", target_backend="llama", threads=1, ctx=256) as pipe:
         assert pipe.memory.target_in_ram and pipe.engine.target.window is None
+        assert pipe.tokenizer.reads_from is pipe.engine.target.model  # in RAM: one vocabulary, the target's
         in_ram, _ = answer(pipe, spec)
     stream_tiny_target(tiny_home, monkeypatch)
+    monkeypatch.setattr(pair, "streams_surely", lambda *args: True)  # as a target larger than the budget (its own test below)
     with ondevice.load("tiny", target_backend="llama", drafter_backend="llama", threads=1, ctx=256, keep_drafter=True) as pipe:
-        assert pipe.memory.streams and pipe.memory.sizes.max_tree <= 64
+        assert pipe.memory.streams and pipe.memory.sizes.max_tree <= max(memory.TREE_SIZES)
         assert pipe.engine.target.window is not None and pipe.engine.drafter.model.model.resident
+        assert pipe.tokenizer.lets_go and not pipe.engine.target.model.has_vocab  # streaming: no vocabulary held
+        assert not pipe.engine.drafter.model.model.has_vocab
         assert "streams from disk" in pipe.placement
         streamed, stats = answer(pipe, spec)
         report = pipe.stats_json(stats)
     assert streamed == in_ram
     assert report["placement"]["placement"] == "disk" and report["bytes_streamed_per_pass"] > 0
     assert report["peak_rss_bytes"] > 0 and "bytes_read_per_pass" in report
+
+
+def test_the_tokenizer_lets_go_only_where_the_target_file_cannot_be_held_beside_the_process(tiny_home, monkeypatch):
+    target = tiny_home / "models" / "tiny-target.gguf"
+    size = target.stat().st_size
+    opts = options.LoadOptions(model="tiny", target_backend="llama")
+    for budget, surely in [(size + MARGIN + 100, False), (size + MARGIN + 99, True)]:  # a process of 100 bytes
+        monkeypatch.setattr(load_plan, "ram_budget", lambda: ram.RamBudget(budget, "test"))
+        assert load_plan.streams_surely(target, opts, 100) == surely
+    assert not load_plan.streams_surely(target, replace(opts, target_backend="torch"), 100)  # a torch target reads no GGUF vocabulary
 
 
 def test_a_streaming_target_answering_known_prompts_gets_a_context_sized_to_them(tiny_home, monkeypatch):
@@ -135,7 +147,6 @@ def write_deep_pair(home, monkeypatch) -> tuple[ModelSize, ModelSize]:
     write_tiny_pair(home, "deep", arch="llama", head_scale=3.0)
     monkeypatch.setattr(memory, "anon_rss", lambda: 200 << 20)
     monkeypatch.setattr(pair, "anon_rss", lambda: 200 << 20)
-    monkeypatch.setattr(tokenizer_module, "anon_rss", lambda: 200 << 20)  # its vocabulary then counts as nothing
     return tuple(ModelSize.from_gguf(home / "models" / f"deep-{role}.gguf") for role in ("target", "drafter"))
 
 

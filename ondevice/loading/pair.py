@@ -17,7 +17,7 @@ from ondevice.decode.engine import SpecEngine
 from ondevice.loading.choices import plan_load
 from ondevice.loading.drafter_room import DrafterChoice, drafter_or_layers, drafterless_curve, yardstick
 from ondevice.loading.options import Answers, LoadOptions
-from ondevice.loading.plan import LoadPlan, pick_backend
+from ondevice.loading.plan import LoadPlan, streams_surely
 from ondevice.loading.rpc_load import profile_split
 from ondevice.loading.profiling import profile_backends, streaming_profile
 from ondevice.machine.ram import anon_rss, trim_heap
@@ -49,8 +49,8 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     other = cross_vocab.other_tokenizer(files.drafter, tokenizer)  # a drafter of another tokenizer: its own, used while drafting
     process = anon_rss()  # before plan_load may measure (and free) models: the plan is the same every run
     vocab = 0
-    if other is None and process is not None and pick_backend(opts.target_backend) == "llama" and opts.rpc is None:
-        tokenizer.let_go()  # nothing encodes while decoding: a streaming target holds no vocabulary (in RAM it reads the target's)
+    if other is None and process is not None and opts.rpc is None and streams_surely(files.target, opts, process):
+        tokenizer.let_go()  # nothing encodes while decoding, and a streaming target holds no vocabulary
         vocab = max(0, process - anon_rss())  # what that freed, measured: the memory plan gives it to a streaming target
     plan = plan_load(opts, files, process, answers, tokenizer, status, vocab_bytes=vocab)
     choice, lean_curve, speed = None, None, None

@@ -13,7 +13,7 @@ from ondevice.catalog.hub import PairFiles
 from ondevice.draft.held_weights import held_bytes
 from ondevice.draft.loader import load_drafter
 from ondevice.draft.requantized import drafter_weights
-from ondevice.loading.memory import MemoryPlan, ModelSize, plan_memory
+from ondevice.loading.memory import MARGIN, MemoryPlan, ModelSize, plan_memory
 from ondevice.loading.options import LoadOptions
 from ondevice.machine.facts import cuda_available, default_threads
 from ondevice.machine.ram import RamBudget, ram_budget, unmap_large_frees
@@ -128,12 +128,27 @@ def plan_for(target: ModelSize, drafter: ModelSize | None, opts: LoadOptions, pr
     RAM this process may use (also for models that exist only as sizes: synthetic, not downloaded).
     drafter_bytes: what the drafter holds in RAM, where less than its file (draft/held_weights.py).
     vocab_bytes: the tokenizer's vocabulary, in process_bytes, let go of where the target streams."""
-    budget = ram_budget()
-    if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
-        budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
+    budget = load_budget(opts)
     tree_nodes = (opts.free_tree_nodes or FREE_TREE_NODES) if drafter is None else None  # no drafter model: free trees only
     return plan_memory(target, drafter, n_ctx=opts.context, budget=budget, ahead=WINDOW_AHEAD, process_bytes=process_bytes,
                        tree_nodes=tree_nodes, drafter_bytes=drafter_bytes, vocab_bytes=vocab_bytes)
+
+
+def load_budget(opts: LoadOptions) -> RamBudget:
+    """The RAM a load may use: what this process may (`ram_budget`), or --ram-memory where less."""
+    budget = ram_budget()
+    if opts.ram_memory is not None and parse_size(opts.ram_memory) < budget.bytes:  # --ram-memory: the user's budget
+        budget = RamBudget(parse_size(opts.ram_memory), "--ram-memory")
+    return budget
+
+
+def streams_surely(target: Path, opts: LoadOptions, process_bytes: int) -> bool:
+    """Whether a llama.cpp target's file cannot be held in RAM beside this process, whatever else the
+    load holds: its memory plan will stream it (loading/memory.py's rule, without the drafter and
+    buffers; the file's size, not its header: the plan reads that once)."""
+    if pick_backend(opts.target_backend) != "llama":
+        return False
+    return process_bytes + Path(target).stat().st_size + MARGIN > load_budget(opts).bytes
 
 
 def pick_backend(name: str) -> str:

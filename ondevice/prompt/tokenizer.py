@@ -2,10 +2,10 @@
 
 Loading vocab-only touches no weights, so it is fast and safe on any CPU. Once the target is loaded
 by llama.cpp from the same file, the tokenizer reads that model's vocabulary instead (`read_from`).
-Where the target streams from disk it is loaded without one, and the tokenizer lets go of its own
-between prompts (`let_go`): the ~40 MB llama.cpp holds for a 152k-token vocabulary keep a target
-layer or more in RAM instead (docs/measurements/2026-12-07-vocabulary-once.md). It then keeps what
-decoding reads (each token's bytes, the end tokens) and loads the vocabulary again for each encode.
+Where the target streams from disk it is loaded without one and the tokenizer lets go of its own
+(`let_go`): the ~40 MB llama.cpp holds for a 152k-token vocabulary keep target layers in RAM
+instead (docs/measurements/2026-12-07-vocabulary-once.md). It then keeps what decoding reads (each
+token's bytes, the end tokens) and loads the vocabulary again for each encode.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import hashlib
 import re
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -25,7 +26,7 @@ from ondevice import llama_backend
 from ondevice.prompt import chat_template, template_process
 from ondevice.prompt.text import check_text
 from ondevice.errors import OndeviceError
-from ondevice.machine.ram import anon_rss, trim_heap
+from ondevice.machine.ram import trim_heap
 
 
 class Tokenizer:
@@ -33,9 +34,8 @@ class Tokenizer:
         self.path = Path(gguf_path)
         self._lender: llama_backend.LlamaModel | None = None  # the loaded model whose vocabulary it reads (`read_from`)
         self._lean: _Pieces | None = None  # after `let_go`: what decoding reads, the vocabulary loaded again for the rest
-        before = anon_rss() or 0
+        self._holding = threading.RLock()  # `held`
         self._model = llama_backend.load_vocab(self.path)
-        self.vocab_bytes = max(0, (anon_rss() or 0) - before)  # what llama.cpp's copy of the vocabulary holds (0 off Linux)
         self._vocab_handle = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab_handle)
         self.bos_id = llama_cpp.llama_vocab_bos(self._vocab_handle)
@@ -80,17 +80,19 @@ class Tokenizer:
 
     @contextlib.contextmanager
     def held(self):
-        """The vocabulary loaded again for the block after `let_go` (many encodes, one load)."""
-        if self._lean is None or self._model is not None:
-            yield
-            return
-        self._model = llama_backend.load_vocab(self.path)
-        self._vocab_handle = llama_cpp.llama_model_get_vocab(self._model)
-        try:
-            yield
-        finally:
-            self.close()
-            trim_heap()
+        """The vocabulary loaded again for the block after `let_go` (many encodes, one load); one
+        thread at a time (a server's requests encode in threads of their own)."""
+        with self._holding:
+            if self._lean is None or self._model is not None:
+                yield
+                return
+            self._model = llama_backend.load_vocab(self.path)
+            self._vocab_handle = llama_cpp.llama_model_get_vocab(self._model)
+            try:
+                yield
+            finally:
+                self.close()
+                trim_heap()
 
     @contextlib.contextmanager
     def _vocab(self):
@@ -215,17 +217,14 @@ def _text(vocab, token: int) -> bytes:
     return llama_cpp.llama_vocab_get_text(vocab, token) or b""
 
 
-LEAN_BYTES_PER_TOKEN = 16  # the bytes of a token's piece kept after `let_go`, at most on average (6.4 for Qwen2.5's 152k)
-
-
 class _Pieces:
     """What decoding reads of a vocabulary, kept after the vocabulary is let go: every token's bytes in
     one buffer (~1 MB for 152k tokens, where llama.cpp's vocabulary holds ~40), the bytes with special
     tokens rendered where they differ (llama.cpp renders a control token as nothing unless asked), and
     the end tokens."""
 
-    def __init__(self, blob: bytes, ends: np.ndarray, special: dict[int, bytes], end_ids: frozenset[int]):
-        self.blob, self.bounds, self.special, self.ends = blob, ends, special, end_ids
+    def __init__(self, blob: bytes, bounds: np.ndarray, special: dict[int, bytes], ends: frozenset[int]):
+        self.blob, self.bounds, self.special, self.ends = blob, bounds, special, ends  # token t: blob[bounds[t]:bounds[t + 1]]
 
     @classmethod
     def read(cls, tokenizer: "Tokenizer") -> "_Pieces":
@@ -241,12 +240,6 @@ class _Pieces:
                 special[t] = rendered
         ends = frozenset(t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t))
         return cls(bytes(blob), bounds, special, ends)
-
-    @staticmethod
-    def bytes_for(n_vocab: int) -> int:
-        """About what the tables hold for a vocabulary of n_vocab tokens (a bound on the bytes of a
-        piece a token, most a few, and its offset)."""
-        return n_vocab * (LEAN_BYTES_PER_TOKEN + 8)
 
     def piece(self, token: int, special: bool) -> bytes:
         if special and token in self.special:
