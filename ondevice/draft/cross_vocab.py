@@ -18,7 +18,7 @@ under one budget (draft/free_tree.py); with Sequoia's sampled children, the mode
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -92,28 +92,36 @@ class CrossVocabDrafter:
         self.bridge.drafter_tok.close()
 
 
-def other_tokenizer(drafter: Path | None, target_tok: Tokenizer) -> Tokenizer | None:
-    """The drafter file's own tokenizer where it is not the target's (tokenizer.vocab_mismatch): the
-    cross-vocabulary drafter encodes text with it while it drafts; None where the two share one (or
-    there is no drafter)."""
+@dataclass(frozen=True)
+class OtherTokenizer:
+    """A drafter file's own tokenizer where it is not the target's, and why (tokenizer.vocab_mismatch)."""
+
+    tokenizer: Tokenizer
+    reason: str
+
+
+def other_tokenizer(drafter: Path | None, target_tok: Tokenizer) -> OtherTokenizer | None:
+    """The drafter file's own tokenizer where it is not the target's: the cross-vocabulary drafter
+    encodes text with it while it drafts; None where the two share one (or there is no drafter)."""
     if drafter is None:
         return None
     drafter_tok = Tokenizer(drafter)
-    if vocab_mismatch(target_tok, drafter_tok) is None:
+    reason = vocab_mismatch(target_tok, drafter_tok)
+    if reason is None:
         drafter_tok.close()
         trim_heap()  # its freed copy handed back to the OS: the memory plan measures the process next
         return None
-    return drafter_tok
+    return OtherTokenizer(drafter_tok, reason)
 
 
-def open_drafter(plan, target_tok: Tokenizer, drafter_tok: Tokenizer | None, status: Callable[[str], None] | None = None):
+def open_drafter(plan, target_tok: Tokenizer, other: OtherTokenizer | None, status: Callable[[str], None] | None = None):
     """The planned drafter model (loading.LoadPlan.open_drafter): as it is where it shares the target's
-    tokenizer (drafter_tok None: `other_tokenizer`), else drafting across vocabularies."""
-    if drafter_tok is None:
+    tokenizer (other None: `other_tokenizer`), else drafting across vocabularies."""
+    if other is None:
         return plan.open_drafter(target_vocab=target_tok.n_vocab)
-    reason = vocab_mismatch(target_tok, drafter_tok)
+    drafter_tok = other.tokenizer
     vocab_map = VocabMap.load(target_tok, drafter_tok, status)
     print(f"ondevice: the drafter {drafter_tok.path.name} has another tokenizer ({drafter_tok.n_vocab:,} vs {target_tok.n_vocab:,} ids; "
-          f"{reason}): it drafts the {len(vocab_map.drafter_ids):,} tokens both hold", file=sys.stderr)
+          f"{other.reason}): it drafts the {len(vocab_map.drafter_ids):,} tokens both hold", file=sys.stderr)
     model = replace(plan, options=replace(plan.options, vocab_trim=False)).open_drafter()  # a trimmed head speaks the catalog target's ids
     return CrossVocabDrafter(model, vocab_map, TextBridge(target_tok, drafter_tok))

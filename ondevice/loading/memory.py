@@ -23,8 +23,8 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
                            evenly through the pass, stay cached (`kept_layers`), and every pass reads
                            the others and the LM head from disk (`bytes_read_per_pass`).
 
-When the target streams, big trees cost little time (a pass is bound by the disk) but their logits
-cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
+When the target streams, trees up to TREE_SIZES cost little time (the disk bounds the pass) but their
+logits cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
 buffers leave the streaming window free and the LM head kept, where any size keeps it (a streamed
 head needs all its size at the end of every pass, and sends every layer through the page cache,
 targets/page_cache.py, not the direct reads of targets/direct_window.py). The plan also says when

@@ -62,7 +62,7 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     if files.drafter is not None:
         drafter = cross_vocab.open_drafter(plan, tokenizer, other, status)  # another tokenizer: drafts the tokens both hold
     elif other is not None:
-        other.close()  # the drafter was left out
+        other.tokenizer.close()  # the drafter was left out
     target = plan.open_target()
     if isinstance(target, LlamaTarget) and target.model.has_vocab:
         tokenizer.read_from(target.model)  # one copy of its vocabulary in RAM, as the plan counted
