@@ -134,3 +134,17 @@ HELDOUT50_CHAT = [
     "How do I prepare for a job interview over video call?",
     "What should I know before adopting an older dog?",
 ]
+
+HELDOUT51_CODE = [  # written before any run of the target's logits read in place
+    "Write a Python function that rotates a square matrix by 90 degrees clockwise.",
+    "Write a Rust function that returns the second largest number in a vector.",
+    "Write a Python function that validates an IPv4 address given as a string.",
+    "Write a TypeScript function that deep-clones a plain object.",
+]
+
+HELDOUT51_CHAT = [
+    "How can I stop procrastinating on small household chores?",
+    "What are some easy ways to make my morning routine calmer?",
+    "How do I choose a good pair of running shoes?",
+    "What should I think about before lending money to a friend?",
+]
