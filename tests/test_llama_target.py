@@ -74,6 +74,21 @@ def test_tree_logits_equal_sequential_decoding_tiny(tiny_path, seed):
         np.testing.assert_allclose(logits[path], expected, atol=1e-3)  # f32 weights: batch-invariant to ~1e-5
 
 
+def test_a_target_that_lends_its_logits_returns_llama_cpps_rows_until_its_next_pass(tiny_path):
+    """lend_logits (a streaming target's): forward_tree's rows are llama.cpp's own buffer, not a copy,
+    equal to a copying target's; the next pass writes over them (the engine reads them before)."""
+    lent, copying = LlamaTarget(tiny_path, n_ctx=256, threads=1, lend_logits=True), LlamaTarget(tiny_path, n_ctx=256, threads=1)
+    prefix, tree = [5, 60, 61, 7, 200], random_tree(12, 319, 3)
+    for target in (lent, copying):
+        target.prefill(prefix)
+    first, expected = lent.forward_tree(tree), copying.forward_tree(tree)
+    assert not first.flags.owndata and copying.forward_tree(tree).flags.owndata
+    np.testing.assert_array_equal(first, expected)
+    kept = first.copy()
+    lent.forward_tree(DraftTree.root_only(9))
+    assert not np.array_equal(first[0], kept[0])  # overwritten by the next pass
+
+
 def test_commit_keeps_only_the_path_tiny(tiny_path):
     target, ref = LlamaTarget(tiny_path, n_ctx=256, threads=1), LlamaTarget(tiny_path, n_ctx=256, threads=1)
     prefix = [9, 8, 7]

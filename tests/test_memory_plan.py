@@ -14,7 +14,7 @@ import pytest
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.errors import OndeviceError
 from ondevice.machine import ram
-from ondevice.loading.memory import CELL_PAD, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
+from ondevice.loading.memory import CELL_PAD, DECODE_COPIES, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
 from ondevice.spread import spread, spread_layers
 from ondevice.machine.ram import RamBudget
 from tiny_models import tiny_config, write_tiny_gguf
@@ -214,7 +214,8 @@ def test_a_streaming_plan_gives_up_tree_size_before_the_lm_head():
             assert plan.sizes.max_tree == tree_first.sizes.max_tree
         elif OUTPUT_LAYER in smallest.kept_layers(2):
             assert OUTPUT_LAYER in plan.kept_layers(2) and plan.sizes.max_tree < tree_first.sizes.max_tree
-            assert plan.bytes_read_per_pass <= tree_first.bytes_read_per_pass - TARGET.head_bytes
+            # the head kept for at most one decoder layer fewer
+            assert plan.bytes_read_per_pass <= tree_first.bytes_read_per_pass - TARGET.head_bytes + max(TARGET.layer_bytes)
             gave_up += 1
         else:
             assert plan.sizes.max_tree == tree_first.sizes.max_tree  # no tree keeps it: the biggest that streams
@@ -241,7 +242,8 @@ def test_a_plan_told_its_largest_tree_sizes_the_buffers_for_it_and_keeps_more_la
     assert sized.sizes.max_tree == (min(holding) if holding else largest)  # the smallest that holds the tree
     if sized.sizes.max_tree < largest:  # the RAM its logits rows would take keeps layers instead
         saved = unsized.resident_bytes + unsized.decode_slack - sized.resident_bytes - sized.decode_slack
-        assert saved >= (largest - sized.sizes.max_tree) * TARGET.n_vocab * 4 * 3  # output rows, their scratch, two copies
+        per_node = (1 + DECODE_COPIES) * TARGET.n_vocab * 4  # output rows and decoding's copies (the scratch: attention here)
+        assert saved >= (largest - sized.sizes.max_tree) * per_node
         assert len(sized.kept_layers(2)) > len(unsized.kept_layers(2))
         assert sized.bytes_read_per_pass < unsized.bytes_read_per_pass
 

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import psutil
 
+from ondevice.draft.recycle import TOP_K as RECYCLED_PER_TOKEN
 from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import OUTPUT_LAYER
@@ -53,7 +54,8 @@ F32, F16 = 4, 2
 CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
 TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
-DECODE_COPIES = 2  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
+DECODE_COPIES = 1  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
+RECYCLED_BYTES = RECYCLED_PER_TOKEN * (4 + 2)  # per vocabulary id: the recycled candidates' ids (int32) and log-probs (float16)
 TREE_SIZES = (32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more nodes
 # costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes, twice)
 # come out of the page cache that holds the target (docs/measurements/2026-12-07-vocabulary-once.md)
@@ -216,11 +218,15 @@ class MemoryPlan:
 
     @property
     def decode_slack(self) -> int:
-        """Room the kept layers leave for what decoding adds past the plan: DECODE_COPIES copies of
-        the largest tree's logits (Python's own copy, verification's): without it that memory is
-        taken from the kept layers, which then fault back a page at a time during compute
-        (docs/measurements/code-notes.md, "Decode slack")."""
-        return DECODE_COPIES * self.sizes.max_tree * self.target.n_vocab * F32 if self.streams else 0
+        """Room the kept layers leave for what decoding adds past the plan: the recycled candidates'
+        table (draft/recycle.py, made at the first verified tree) and DECODE_COPIES copies of the
+        largest tree's logits rows for decoding's own arrays (the drafter's log-probs, verification's
+        rows, the heap they leave; the target's logits are llama.cpp's buffer, lent, not copied):
+        without it that memory is taken from the kept layers, which then fault back a page at a time
+        during compute (docs/measurements/code-notes.md, "Decode slack")."""
+        if not self.streams:
+            return 0
+        return self.target.n_vocab * RECYCLED_BYTES + DECODE_COPIES * self.sizes.max_tree * self.target.n_vocab * F32
 
     @property
     def streams(self) -> bool:
@@ -249,7 +255,8 @@ class MemoryPlan:
         """The llama.cpp target's keyword arguments this plan sets (targets/loader.py opens it)."""
         window = self.ahead if self.steered else 0
         return {"max_tree_nodes": self.sizes.max_tree, "n_ubatch": self.sizes.target_ubatch, "streams": self.streams,
-                "window": window, "kv_type": self.kv_type, "kept_layers": self.kept_layers(window) if window else ()}
+                "window": window, "kv_type": self.kv_type, "kept_layers": self.kept_layers(window) if window else (),
+                "lend_logits": self.streams}
 
     def llama_drafter_sizes(self) -> dict:
         """The llama.cpp drafter's keyword arguments this plan sets: buffers sized, weights held where

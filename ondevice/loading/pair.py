@@ -20,7 +20,7 @@ from ondevice.loading.options import Answers, LoadOptions
 from ondevice.loading.plan import LoadPlan, streams_surely
 from ondevice.loading.rpc_load import profile_split
 from ondevice.loading.profiling import profile_backends, streaming_profile
-from ondevice.machine.ram import anon_rss, trim_heap
+from ondevice.machine.ram import anon_rss, return_freed_memory, trim_heap
 from ondevice.plan.profile import ProfileBackends
 from ondevice.prompt.tokenizer import Tokenizer
 from ondevice.targets.llama_target import LlamaTarget
@@ -76,4 +76,5 @@ def open_pair(opts: LoadOptions, status: Callable[[str], None] | None = None, an
     repacked = getattr(target, "marks", None) is not None  # streamed from its copy in llama.cpp's repacked layouts
     placement = target.placement_summary() if plan.memory is None else plan.memory.describe(repacked)
     info = {"threads": plan.threads, "drafter_backend": plan.drafter_backend if drafter else None, "repacked_stream": repacked}
+    return_freed_memory()  # what loading allocated and freed (timed passes, the held drafter's copy) back to the OS: the plan counted the process before it
     return OpenPair(files, tokenizer, engine, plan, backends, choice, placement, info)

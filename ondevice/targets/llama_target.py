@@ -57,6 +57,7 @@ class LlamaTarget(Target):
         kept_layers: Sequence[int] = (),
         split=None,
         repacked: RepackedCopy | None = None,
+        lend_logits: bool = False,
     ):
         """max_tree_nodes: the biggest tree verified in one pass; the context's logits rows and
         sequences are sized for it (`ondevice.loading.memory`), prompts are still prefilled n_ubatch
@@ -67,7 +68,10 @@ class LlamaTarget(Target):
         split: the layers placed across this machine and RPC workers (loading/rpc_split.py's RpcSplit).
         repacked: (with streams) the model's copy in llama.cpp's repacked layouts
         (targets/repacked_copy.py), mapped instead of model_path: its layers compute with the
-        kernels llama.cpp uses in RAM."""
+        kernels llama.cpp uses in RAM.
+        lend_logits: `forward_tree` returns a view of llama.cpp's logits buffer, valid until this
+        target's next pass, not a copy: the engine reads it before then, and a streaming target's
+        kept layers keep the RAM a copy of every node's logits would take."""
         self.split = split
         repacked = repacked if streams else None
         source, model_path = Path(model_path), repacked.path if repacked is not None else model_path
@@ -91,6 +95,7 @@ class LlamaTarget(Target):
         self.n_vocab = self.model.n_vocab
         self.max_tree_nodes = max_tree_nodes
         self.max_tree_leaves = n_seq - 1
+        self.lend_logits = lend_logits
         self._n_cached = 0
         self._pending: tuple[DraftTree, list[list[int]]] | None = None  # the last verified tree, uncommitted
 
@@ -141,7 +146,8 @@ class LlamaTarget(Target):
             self.window.before_decode()
         if self.split is not None:
             self.split.pass_starts()
-        logits = np.array(self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool)))  # own copy: llama.cpp reuses its buffer
+        logits = self.ctx.decode(tree.tokens, positions, seqs, np.ones(len(tree), bool))
+        logits = logits if self.lend_logits else np.array(logits)  # llama.cpp reuses its buffer at the next pass
         if self.split is not None:
             self.split.pass_ends(len(tree))
         if self.window is not None and (split := self.window.pass_ends()) is not None:
