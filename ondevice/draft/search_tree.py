@@ -24,10 +24,13 @@ from ondevice.decode.tree import DraftTree
 
 
 def log_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """(n, vocab) float32 log-softmax of logits / temperature (temperature 0 means 1: greedy ranking)."""
+    """(n, vocab) float32 log-softmax of logits / temperature (temperature 0 means 1: greedy ranking).
+    One array besides the logits, a row's exponentials at a time: a drafter's batch of rows is RAM a
+    streaming target's kept layers give up (loading/memory.py, `decode_slack`)."""
     scaled = logits / np.float32(temperature) if temperature > 0 else np.array(logits, dtype=np.float32)
     scaled -= scaled.max(axis=-1, keepdims=True)
-    scaled -= np.log(np.exp(scaled).sum(axis=-1, keepdims=True))
+    for row in scaled.reshape(-1, scaled.shape[-1]):
+        row -= np.log(np.exp(row).sum())
     return scaled
 
 
