@@ -148,3 +148,17 @@ HELDOUT51_CHAT = [
     "How do I choose a good pair of running shoes?",
     "What should I think about before lending money to a friend?",
 ]
+
+HELDOUT52_CODE = [  # written before any run of the streaming plan's smaller margin
+    "Write a Python function that finds the longest common prefix of a list of strings.",
+    "Write a C function that counts the set bits in an unsigned integer.",
+    "Write a Python function that splits a list into chunks of a given size.",
+    "Write a JavaScript function that converts a camelCase string to snake_case.",
+]
+
+HELDOUT52_CHAT = [
+    "How can I make a long car trip with children less stressful?",
+    "What are some good habits for keeping my email inbox under control?",
+    "How do I pick a houseplant that survives in a dark room?",
+    "What should I know before starting to run in cold weather?",
+]
