@@ -53,8 +53,7 @@ from ondevice.spread import spread_layers
 F32, F16 = 4, 2
 CELL_PAD = 256  # llama.cpp rounds a context's KV cells up to a multiple of this
 TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
-MARGIN = 32 << 20  # RAM left for the kernel's own bookkeeping (its page tables and slab: 6 MB under 0.9 GB) and the heap's
-# slack past the plan (docs/measurements/2026-12-08-lent-logits.md)
+MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
 DECODE_COPIES = 1  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
 RECYCLED_BYTES = RECYCLED_PER_TOKEN * (4 + 2)  # per vocabulary id: the recycled candidates' ids (int32) and log-probs (float16)
 TREE_SIZES = (32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more nodes
