@@ -27,7 +27,7 @@ from ondevice.errors import OndeviceError  # noqa: E402
 from ondevice.files.gguf_reader import SplitReader  # noqa: E402
 from ondevice.files.gguf_check import check_gguf_file  # noqa: E402
 from ondevice.llama_backend import LlamaContext, LlamaModel  # noqa: E402
-from ondevice.loading.memory import ModelSize  # noqa: E402
+from ondevice.loading.footprint import ModelSize  # noqa: E402
 from ondevice.prompt.tokenizer import Tokenizer  # noqa: E402
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from ondevice.eval.numerics import batch_noise_by_size, noise_stats
-from ondevice.loading.memory import ModelSize
+from ondevice.loading.footprint import ModelSize
 from ondevice.loading.rpc_split import connect_workers, plan_split, worker_reserve
 from ondevice.rpc import library
 from ondevice.targets.llama_target import LlamaTarget

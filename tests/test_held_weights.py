@@ -19,7 +19,7 @@ from ondevice.draft.held_weights import INPUT_TABLE, held_bytes, loads_mapped
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.draft.requantized import IQ4_NL, write_requantized
 from ondevice.files.gguf_header import read_header
-from ondevice.loading.memory import ModelSize
+from ondevice.loading.footprint import ModelSize
 from ondevice.machine.repack_layouts import repacks_here
 from ondevice.targets.page_cache import find_mapping
 from test_requantized_drafter import write_drafter

@@ -10,7 +10,7 @@ import pytest
 import ondevice
 from ondevice.loading import options
 from ondevice.loading import plan as load_plan
-from ondevice.loading.memory import ModelSize
+from ondevice.loading.footprint import ModelSize
 from tiny_models import write_tiny_pair
 
 

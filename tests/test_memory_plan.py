@@ -14,7 +14,8 @@ import pytest
 from ondevice.files.gguf_header import OUTPUT_LAYER, read_header
 from ondevice.errors import OndeviceError
 from ondevice.machine import ram
-from ondevice.loading.memory import CELL_PAD, DECODE_COPIES, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, ModelSize, answer_context, context_buffers, plan_memory
+from ondevice.loading.footprint import CELL_PAD, ModelSize, context_buffers
+from ondevice.loading.memory import DECODE_COPIES, IN_RAM_MAX_TREE, MARGIN, TREE_SIZES, answer_context, plan_memory
 from ondevice.spread import spread, spread_layers
 from ondevice.machine.ram import RamBudget
 from tiny_models import tiny_config, write_tiny_gguf

@@ -17,7 +17,8 @@ import re
 
 import pytest
 
-from ondevice.loading.memory import MARGIN, ModelSize, plan_memory
+from ondevice.loading.footprint import ModelSize
+from ondevice.loading.memory import MARGIN, plan_memory
 from ondevice.machine.ram import RamBudget
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.quant_mix import preset_size

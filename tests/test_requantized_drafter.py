@@ -24,7 +24,7 @@ from ondevice.machine import repack_layouts
 from ondevice.draft.llama_drafter import LlamaDrafter
 from ondevice.draft.requantized import IQ4_NL, drafter_weights, worth_requantizing, write_requantized
 from ondevice.files.gguf_header import read_header
-from ondevice.loading.memory import ModelSize
+from ondevice.loading.footprint import ModelSize
 from ondevice.targets.llama_target import LlamaTarget
 from ondevice.machine.repack_layouts import repacks_here
 from tiny_quant import QUANT_DIMS, encode

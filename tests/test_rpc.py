@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from ondevice.errors import OndeviceError
-from ondevice.loading.memory import ModelSize
+from ondevice.loading.footprint import ModelSize
 from ondevice.rpc import library
 from ondevice.rpc.supervise import with_workers
 from ondevice.loading.rpc_split import assign_layers, plan_split

@@ -23,7 +23,8 @@ from ondevice.draft.onnx_drafter import OnnxDrafter
 from ondevice.machine.facts import measure_ram_bandwidth
 from ondevice.onnx.export_files import export_dir
 from ondevice.vocabtrim.build import find_trimmed
-from ondevice.loading.memory import MARGIN, ModelSize
+from ondevice.loading.footprint import ModelSize
+from ondevice.loading.memory import MARGIN
 from ondevice.plan.profile import Profile, save_profile
 from ondevice.decode.protocols import DraftSpec
 from ondevice.vocabtrim import build, shipped

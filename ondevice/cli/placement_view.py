@@ -8,7 +8,8 @@ from ondevice.catalog import hub
 from ondevice.catalog.pairs import ModelFile, ModelPair
 from ondevice.errors import OndeviceError
 from ondevice.machine.ram import RamBudget
-from ondevice.loading.memory import ModelSize, plan_memory
+from ondevice.loading.footprint import ModelSize
+from ondevice.loading.memory import plan_memory
 from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
 from ondevice.synthetic.quant_mix import preset_size

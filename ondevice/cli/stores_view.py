@@ -22,7 +22,7 @@ from ondevice.errors import OndeviceError
 from ondevice.files.gguf_check import check_model_file
 from ondevice.files.gguf_header import GGUFHeader
 from ondevice.machine.ram import RamBudget
-from ondevice.loading.memory import ModelSize
+from ondevice.loading.footprint import ModelSize
 from ondevice.decode.protocols import FREE_TREE_NODES
 from ondevice.sizes import format_bytes
 

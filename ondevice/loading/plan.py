@@ -13,7 +13,8 @@ from ondevice.catalog.hub import PairFiles
 from ondevice.draft.held_weights import held_bytes
 from ondevice.draft.loader import load_drafter
 from ondevice.draft.requantized import drafter_weights
-from ondevice.loading.memory import MARGIN, MemoryPlan, ModelSize, plan_memory
+from ondevice.loading.footprint import ModelSize
+from ondevice.loading.memory import MARGIN, MemoryPlan, plan_memory
 from ondevice.loading.options import LoadOptions
 from ondevice.machine.facts import cuda_available, default_threads
 from ondevice.machine.ram import RamBudget, ram_budget, unmap_large_frees

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ondevice.machine.ram import RamBudget, ram_budget
-from ondevice.loading.memory import MemoryPlan, ModelSize, plan_memory
+from ondevice.loading.footprint import ModelSize
+from ondevice.loading.memory import MemoryPlan, plan_memory
 from ondevice.rpc import library
 from ondevice.loading.rpc_split import RpcSplit, connect_workers, local_room, plan_split
 from ondevice.sizes import parse_size

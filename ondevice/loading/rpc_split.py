@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import llama_cpp
 
 from ondevice.errors import OndeviceError
-from ondevice.loading.memory import F32, MARGIN, ModelSize, context_buffers
+from ondevice.loading.footprint import F32, ModelSize, context_buffers
+from ondevice.loading.memory import MARGIN
 from ondevice.rpc import library
 from ondevice.sizes import format_bytes
 

@@ -27,7 +27,8 @@ from ondevice.loading.options import LoadOptions
 from ondevice.plan.auto import CPU_MAX_TREE
 from ondevice.decode.protocols import MAX_BUDGET
 from ondevice.sizes import format_bytes
-from ondevice.loading.memory import MemoryPlan, ModelSize
+from ondevice.loading.footprint import ModelSize
+from ondevice.loading.memory import MemoryPlan
 from ondevice.machine.ram import own_cgroup_memory
 from ondevice.machine.facts import Bandwidths, machine_facts, measure_disk_read, measure_pinned_bandwidth, measure_ram_bandwidth
 from ondevice.plan.curve import LatencyCurve, pass_sizes, powers_of_two

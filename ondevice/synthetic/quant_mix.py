@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
-from ondevice.loading.memory import ModelSize, tensor_bytes
+from ondevice.loading.footprint import ModelSize, tensor_bytes
 from ondevice.synthetic.shapes import ModelShape
 
 FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
