@@ -24,12 +24,12 @@ Memory model, in bytes, for a llama.cpp target on a CPU:
                            the others and the LM head from disk (`bytes_read_per_pass`).
 
 When the target streams, trees up to TREE_SIZES cost little time (the disk bounds the pass) but their
-logits cost memory (n_vocab × 4 bytes per node, twice): `max_tree` is the largest of TREE_SIZES whose
-buffers leave the streaming window free and the LM head kept, where any size keeps it (a streamed
-head needs all its size at the end of every pass, and sends every layer through the page cache,
-targets/page_cache.py, not the direct reads of targets/direct_window.py). The plan also says when
-the drafter alone keeps the target out of RAM (loading/drafter_room.py weighs it against the layers
-its RAM would keep). On a GPU (torch target): `ondevice.targets.offloaded.plan_offload`.
+logits cost memory (n_vocab × 4 bytes per node in llama.cpp's output and scratch, and decoding's
+copy): `max_tree` is the largest of TREE_SIZES whose buffers leave the streaming window free and
+the LM head kept, where any size keeps it (a streamed head needs all its size at the end of every
+pass, and sends every layer through the page cache, targets/page_cache.py, not the direct reads of
+targets/direct_window.py). The plan also says when the drafter alone keeps the target out of RAM
+(loading/drafter_room.py weighs it against the layers its RAM would keep). On a GPU (torch target): `ondevice.targets.offloaded.plan_offload`.
 
 The budget (`ram.ram_budget`) is what this process may use in all, within a cgroup memory limit and available RAM.
 `ondevice models` calls `plan_memory` with sizes from the file header or a shape preset, loading nothing.
@@ -53,7 +53,7 @@ MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator sla
 DECODE_COPIES = 1  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
 RECYCLED_BYTES = RECYCLED_PER_TOKEN * (4 + 2)  # per vocabulary id: the recycled candidates' ids (int32) and log-probs (float16)
 TREE_SIZES = (32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more nodes
-# costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes, twice)
+# costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes, three times)
 # come out of the page cache that holds the target (docs/measurements/2026-12-07-vocabulary-once.md)
 IN_RAM_MAX_TREE = 512  # a CPU target in RAM: --budget up to 511 (its profile, and so the planner, stop at 256)
 DRAFT_BATCH = 64  # nodes a drafter decodes in one call (LlamaDrafter's max_batch)
@@ -254,8 +254,8 @@ def _buffers(target: ModelSize, drafter: ModelSize | None, n_ctx: int, sizes: Co
 
 def streaming_tree_sizes(max_tree: int, tree_nodes: int | None) -> list[int]:
     """The max_tree values a streaming plan tries, largest first: TREE_SIZES up to `max_tree`, and
-    with `tree_nodes` known, none above the smallest that holds such a tree (its logits rows and
-    their copies, ~1.2 MB a node here, would be RAM the target's layers never get)."""
+    with `tree_nodes` known, none above the smallest that holds such a tree (its logits rows in
+    llama.cpp's buffers and decoding's copy, ~1.8 MB a node here, would be RAM the target's layers never get)."""
     sizes = [t for t in TREE_SIZES if t <= max_tree]
     holding = [t for t in sizes if t >= tree_nodes] if tree_nodes is not None else []
     return [t for t in sizes if t <= min(holding)] if holding else sizes
