@@ -73,9 +73,10 @@ def make_target(backend: str, path, scratch=None):
     if backend.startswith("llama"):
         from ondevice.targets.llama_target import LlamaTarget
 
-        if backend == "llama-stream":  # as the memory plan streams it: the LM head and the first layers kept, read with O_DIRECT
+        if backend == "llama-stream":  # as the memory plan streams it: the LM head and the first layers kept, read with
+            # O_DIRECT, its logits lent (llama.cpp's rows, not a copy)
             return LlamaTarget(path, n_ctx=1024, threads=2, max_tree_nodes=64, n_ubatch=256, streams=True, window=2,
-                               kept_layers=("output", 0, 1, 2), repacked=repacked_copy(path, scratch))
+                               kept_layers=("output", 0, 1, 2), repacked=repacked_copy(path, scratch), lend_logits=True)
         return LlamaTarget(path, n_ctx=1024, threads=2)
     if backend == "onnx":
         from ondevice.onnx.target import OnnxTarget

@@ -29,7 +29,7 @@ def logits_one_by_one(target: Target, tokens: Sequence[int]) -> np.ndarray:
     """(n, vocab) logits of tokens fed as n one-node trees, each committed before the next."""
     rows = []
     for token in tokens:
-        rows.append(target.forward_tree(DraftTree.root_only(int(token)))[0])
+        rows.append(np.array(target.forward_tree(DraftTree.root_only(int(token)))[0]))  # a target may lend its buffer
         target.commit([0])
     return np.stack(rows)
 
