@@ -19,6 +19,7 @@ from ondevice.loading import plan as load_plan
 from ondevice.machine import ram
 from ondevice.loading import memory
 from ondevice.plan import profile as profile_store
+from ondevice.draft import recycle
 from ondevice.draft.onnx_drafter import OnnxDrafter
 from ondevice.machine.facts import measure_ram_bandwidth
 from ondevice.onnx.export_files import export_dir
@@ -277,7 +278,7 @@ def test_a_streaming_target_drafts_with_the_drafter_that_leaves_it_the_most_ram(
     target = ModelSize.from_gguf(tiny_home / "models" / "deep-target.gguf")
     drafter = ModelSize.from_gguf(tiny_home / "models" / "deep-drafter.gguf")
     smallest = min(memory.TREE_SIZES)  # the plan gives up tree size before the head: short of it even at the smallest tree
-    decode_slack = target.n_vocab * (memory.RECYCLED_BYTES + memory.DECODE_COPIES * smallest * memory.F32)  # what kept layers leave for decoding
+    decode_slack = recycle.table_bytes(target.n_vocab) + memory.DECODE_COPIES * smallest * target.n_vocab * memory.F32  # what kept layers leave for decoding
     largest = max(memory.TREE_SIZES)
     buffers = {t: sum(memory._buffers(target, drafter, 256, memory.context_sizes(256, t, streams=True), memory.F16).values()) for t in (largest, smallest)}
     stream_tiny_target(tiny_home, monkeypatch, "deep",  # the head, less a byte

@@ -37,6 +37,12 @@ from ondevice.decode.tree import DraftTree
 
 TOP_K = 8  # candidates kept per token (the paper's k)
 LEARN_ROWS = 8  # logits rows read per verification pass (see the module docstring)
+TOKEN_TYPE, LOGP_TYPE = np.int32, np.float16  # the table's candidate ids and their log-probs
+
+
+def table_bytes(n_vocab: int, top_k: int = TOP_K) -> int:
+    """What the candidates' table holds once made (the memory plan leaves a streaming target room for it)."""
+    return n_vocab * top_k * (np.dtype(TOKEN_TYPE).itemsize + np.dtype(LOGP_TYPE).itemsize)
 GROUP_COLUMNS = 64  # top_k_rows: the row is cut into this many interleaved groups
 
 
@@ -95,8 +101,8 @@ class TokenRecycler(Drafter):
         rows = (others[: max(0, self.learn_rows - len(on_path))] + [int(i) for i in path])[-self.learn_rows :]
         if self.next_tokens is None:
             vocab = max(self.n_vocab, logits.shape[1])
-            self.next_tokens = np.full((vocab, self.top_k), -1, dtype=np.int32)
-            self.next_logp = np.zeros((vocab, self.top_k), dtype=np.float16)
+            self.next_tokens = np.full((vocab, self.top_k), -1, dtype=TOKEN_TYPE)
+            self.next_logp = np.zeros((vocab, self.top_k), dtype=LOGP_TYPE)
         ascending = sorted(rows)
         contiguous = ascending[-1] - ascending[0] + 1 == len(ascending)  # then a view: no copy of the rows
         tokens, logp = top_k_rows(logits[ascending[0] : ascending[-1] + 1] if contiguous else logits[ascending], self.top_k)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from ondevice.draft.recycle import TOP_K as RECYCLED_PER_TOKEN
+from ondevice.draft.recycle import table_bytes as recycled_table_bytes
 from ondevice.files.gguf_header import OUTPUT_LAYER
 from ondevice.loading.footprint import CELL_PAD, F16, F32, ModelSize, context_buffers
 from ondevice.machine.ram import RamBudget, anon_rss, ram_budget
@@ -51,7 +51,6 @@ from ondevice.spread import spread_layers
 TEMPLATE_SLACK = 16  # tokens a chat template's switches (a thinking block) may add to a prompt counted without them
 MARGIN = 64 << 20  # RAM left for the kernel's own bookkeeping and allocator slack
 DECODE_COPIES = 1  # logits rows of the largest tree the kept layers leave room for, beyond llama.cpp's own (see decode_slack)
-RECYCLED_BYTES = RECYCLED_PER_TOKEN * (4 + 2)  # per vocabulary id: the recycled candidates' ids (int32) and log-probs (float16)
 TREE_SIZES = (32, 16, 8)  # max_tree of a streaming target, largest first: on a CPU a pass over more nodes
 # costs more compute than the disk read it shares, and every node's logits (n_vocab × 4 bytes, three times)
 # come out of the page cache that holds the target (docs/measurements/2026-12-07-vocabulary-once.md)
@@ -130,7 +129,7 @@ class MemoryPlan:
         during compute (docs/measurements/code-notes.md, "Decode slack")."""
         if not self.streams:
             return 0
-        return self.target.n_vocab * RECYCLED_BYTES + DECODE_COPIES * self.sizes.max_tree * self.target.n_vocab * F32
+        return recycled_table_bytes(self.target.n_vocab) + DECODE_COPIES * self.sizes.max_tree * self.target.n_vocab * F32
 
     @property
     def streams(self) -> bool:
